@@ -1,0 +1,36 @@
+# Meridian: `make up` runs the whole system on this machine; `make test` runs every test.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup up test test-fast lint bench clean
+
+setup: $(STAMP)
+
+# Reinstalls only when pyproject.toml changes, so a second `make setup` takes a moment.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+up: setup
+	$(BIN)/python -m controlplane.lab
+
+test: setup
+	$(BIN)/python -m controlplane.lab.prepare_tests
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not e2e and not browser"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy controlplane regions edge enginesim
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) var build *.egg-info

@@ -1,0 +1,75 @@
+"""The one base viewset: tenancy scoping and audit on every write, done once for all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Model as DjangoModel
+from django.db.models import Q, QuerySet
+from rest_framework import serializers, viewsets
+
+from controlplane.core.models import Role
+from controlplane.core.services import Principal, principal_for, record_audit
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of a validated value for the audit record."""
+    if isinstance(value, DjangoModel):
+        return str(value)
+    if isinstance(value, (list, tuple, set, QuerySet)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+class MeridianViewSet(viewsets.ModelViewSet):
+    """Scopes rows to the caller's tenant and writes an audit event for every change.
+
+    Subclasses set `queryset`, `serializer_class`, `filterset_class` and, where rows
+    belong to tenants, `tenant_field` (the lookup from the row to its tenant).
+    `shared_visible` lets tenant users read rows with no tenant (shared deployments).
+    """
+
+    write_role: str = Role.OPERATOR
+    platform_only_writes = False
+    tenant_field: str | None = None
+    shared_visible = False
+
+    @property
+    def principal(self) -> Principal:
+        return principal_for(self.request.user)
+
+    def get_queryset(self) -> QuerySet[Any]:
+        queryset = super().get_queryset()
+        principal = self.principal
+        if self.tenant_field is None or principal.is_platform:
+            return queryset
+        scope = Q(**{self.tenant_field: principal.tenant_id})
+        if self.shared_visible:
+            scope |= Q(**{f"{self.tenant_field}__isnull": True})
+        return queryset.filter(scope)
+
+    def _audit(self, action: str, instance: DjangoModel, changes: dict[str, Any]) -> None:
+        record_audit(self.principal.username, action, instance, changes=changes, reason="api")
+
+    @transaction.atomic
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        instance = serializer.save()
+        self._audit("create", instance, self._changes(serializer))
+
+    @transaction.atomic
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        instance = serializer.save()
+        self._audit("update", instance, self._changes(serializer))
+
+    @transaction.atomic
+    def perform_destroy(self, instance: DjangoModel) -> None:
+        self._audit("delete", instance, {})
+        instance.delete()
+
+    @staticmethod
+    def _changes(serializer: serializers.BaseSerializer) -> dict[str, Any]:
+        data = getattr(serializer, "validated_data", {}) or {}
+        return {key: _plain(value) for key, value in data.items()}

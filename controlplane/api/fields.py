@@ -1,0 +1,35 @@
+"""Serializer fields that name related rows the way people do: `aws:us-east-1`, `H100`, `EU`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from regions.models import Region
+
+
+class RegionKeyField(serializers.RelatedField):
+    """A region as `cloud:code`."""
+
+    default_error_messages = {
+        "format": "Expected a region as 'cloud:code', e.g. 'aws:eu-central-1'; got {value!r}.",
+        "missing": "Region {value!r} does not exist.",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        if not kwargs.get("read_only"):
+            kwargs.setdefault("queryset", Region.objects.select_related("cloud"))
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Region) -> str:
+        return value.key
+
+    def to_internal_value(self, data: Any) -> Region:
+        if not isinstance(data, str) or data.count(":") != 1:
+            self.fail("format", value=data)
+        cloud, code = data.split(":")
+        region = self.get_queryset().filter(cloud__name=cloud, code=code).first()
+        if region is None:
+            self.fail("missing", value=data)
+        return region

@@ -1,0 +1,287 @@
+"""Serializers for every resource of the REST API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from controlplane.api.fields import RegionKeyField
+from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
+from controlplane.core.services import principal_for
+from controlplane.deployments import services as deployment_services
+from controlplane.deployments.models import Deployment, Model, Replica
+from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
+
+
+class CloudSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Cloud
+        fields = ["id", "name", "display_name", "skypilot_name", "enabled"]
+
+
+class JurisdictionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Jurisdiction
+        fields = ["id", "code", "name"]
+
+
+class RegionSerializer(serializers.ModelSerializer):
+    cloud = serializers.SlugRelatedField(slug_field="name", queryset=Cloud.objects.all())
+    jurisdiction = serializers.SlugRelatedField(
+        slug_field="code", queryset=Jurisdiction.objects.all()
+    )
+    key = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Region
+        fields = [
+            "id", "key", "cloud", "code", "display_name", "latitude", "longitude",
+            "country", "jurisdiction", "enabled",
+        ]
+
+    def validate_country(self, value: str) -> str:
+        if len(value) != 2 or not value.isalpha():
+            raise serializers.ValidationError("Use the ISO 3166-1 alpha-2 code, e.g. 'DE'.")
+        return value.upper()
+
+
+class GpuTypeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuType
+        fields = [
+            "id", "name", "vendor", "memory_gib", "memory_bandwidth_gbps", "bf16_tflops",
+            "fp16_tflops", "skypilot_name",
+        ]
+
+
+class _Observed(serializers.ModelSerializer):
+    stale = serializers.SerializerMethodField()
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_stale(self, obj: Offer | Quota) -> bool:
+        return timezone.now() - obj.observed_at > settings.MERIDIAN["CATALOG_STALE_AFTER"]
+
+
+class OfferSerializer(_Observed):
+    region = RegionKeyField()
+    gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+    jurisdiction = serializers.CharField(source="region.jurisdiction.code", read_only=True)
+    observed_at = serializers.DateTimeField(required=False)
+
+    class Meta:
+        model = Offer
+        fields = [
+            "id", "region", "jurisdiction", "gpu_type", "gpus_per_node", "instance_type",
+            "on_demand_usd_h", "spot_usd_h", "source", "observed_at", "stale",
+        ]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        on_demand = attrs.get("on_demand_usd_h", getattr(self.instance, "on_demand_usd_h", None))
+        spot = attrs.get("spot_usd_h", getattr(self.instance, "spot_usd_h", None))
+        if spot is not None and on_demand is not None and spot > on_demand:
+            raise serializers.ValidationError(
+                {"spot_usd_h": f"Spot price {spot} is above the on-demand price {on_demand}."}
+            )
+        attrs.setdefault("observed_at", timezone.now())
+        return attrs
+
+
+class QuotaSerializer(_Observed):
+    region = RegionKeyField()
+    gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+    available_gpus = serializers.IntegerField(read_only=True)
+    observed_at = serializers.DateTimeField(required=False)
+
+    class Meta:
+        model = Quota
+        fields = [
+            "id", "region", "gpu_type", "limit_gpus", "in_use_gpus", "available_gpus",
+            "source", "observed_at", "stale",
+        ]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs.setdefault("observed_at", timezone.now())
+        return attrs
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    allowed_jurisdictions = serializers.SlugRelatedField(
+        slug_field="code", queryset=Jurisdiction.objects.all(), many=True, required=False
+    )
+    allowed_regions = RegionKeyField(many=True, required=False)
+
+    class Meta:
+        model = Tenant
+        fields = [
+            "id", "name", "display_name", "allowed_jurisdictions", "allowed_regions",
+            "rpm_limit", "tpm_limit", "monthly_budget_usd", "created_at",
+        ]
+        read_only_fields = ["created_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        jurisdictions = attrs.get("allowed_jurisdictions")
+        regions = attrs.get("allowed_regions")
+        if jurisdictions is None and self.instance is not None:
+            jurisdictions = list(self.instance.allowed_jurisdictions.all())
+        if regions and jurisdictions is not None:
+            codes = {j.code for j in jurisdictions}
+            outside = [r.key for r in regions if r.jurisdiction.code not in codes]
+            if outside:
+                raise serializers.ValidationError(
+                    {"allowed_regions": f"Outside the tenant's jurisdictions: {', '.join(outside)}."}
+                )
+        return attrs
+
+
+class _TenantOwned(serializers.ModelSerializer):
+    """Tenant users may only create rows for their own tenant; it is filled in for them."""
+
+    def _principal_tenant_id(self) -> int | None:
+        request = self.context.get("request")
+        return principal_for(request.user).tenant_id if request else None
+
+    def validate_tenant(self, value: Tenant | None) -> Tenant | None:
+        own = self._principal_tenant_id()
+        if own is None:
+            return value
+        if value is None:
+            return Tenant.objects.get(pk=own)
+        if value.pk != own:
+            raise serializers.ValidationError("You may only use your own tenant.")
+        return value
+
+
+class ApiKeySerializer(_TenantOwned):
+    tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all())
+    key = serializers.CharField(
+        read_only=True, help_text="The key itself, returned once on creation and never again."
+    )
+    allowed_models = serializers.ListField(
+        child=serializers.CharField(max_length=96), required=False, max_length=100
+    )
+    revoked = serializers.BooleanField(required=False, write_only=True)
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id", "tenant", "name", "prefix", "tier", "allowed_models", "created_at",
+            "revoked_at", "revoked", "key",
+        ]
+        read_only_fields = ["prefix", "created_at", "revoked_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None and "tenant" in attrs and attrs["tenant"] != self.instance.tenant:
+            raise serializers.ValidationError({"tenant": "A key cannot move between tenants."})
+        return attrs
+
+    def create(self, validated_data: dict[str, Any]) -> ApiKey:
+        from controlplane.core.services import issue_api_key
+
+        validated_data.pop("revoked", None)
+        row, key = issue_api_key(
+            validated_data["tenant"], validated_data["name"],
+            validated_data.get("tier", Tier.INTERACTIVE), validated_data.get("allowed_models"),
+        )
+        row.key = key  # type: ignore[attr-defined]
+        return row
+
+    def update(self, instance: ApiKey, validated_data: dict[str, Any]) -> ApiKey:
+        revoked = validated_data.pop("revoked", None)
+        if revoked is True and instance.revoked_at is None:
+            instance.revoked_at = timezone.now()
+        elif revoked is False:
+            instance.revoked_at = None
+        return super().update(instance, validated_data)
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Model
+        fields = [
+            "id", "name", "hf_id", "family", "parameters_b", "active_parameters_b", "layers",
+            "hidden_size", "attention_heads", "kv_heads", "head_dim", "dtype", "max_context",
+            "license",
+        ]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        heads = attrs.get("attention_heads", getattr(self.instance, "attention_heads", None))
+        kv_heads = attrs.get("kv_heads", getattr(self.instance, "kv_heads", None))
+        if heads and kv_heads and heads % kv_heads:
+            raise serializers.ValidationError(
+                {"kv_heads": f"kv_heads ({kv_heads}) must divide attention_heads ({heads})."}
+            )
+        return attrs
+
+
+class DeploymentSerializer(_TenantOwned):
+    model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
+    tenant = serializers.SlugRelatedField(
+        slug_field="name", queryset=Tenant.objects.all(), allow_null=True, required=False
+    )
+    allowed_jurisdictions = serializers.SlugRelatedField(
+        slug_field="code", queryset=Jurisdiction.objects.all(), many=True
+    )
+    user_regions = RegionKeyField(many=True, required=False)
+    replicas_ready = serializers.IntegerField(read_only=True, default=0)
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id", "name", "served_model_name", "model", "tenant", "tier",
+            "allowed_jurisdictions", "user_regions", "slo_ttft_p95_ms", "slo_itl_p95_ms",
+            "min_replicas", "max_replicas", "spread_regions", "max_spot_fraction",
+            "demand_tokens_per_s", "tensor_parallel", "pipeline_parallel", "max_model_len",
+            "enable_prefix_caching", "disaggregated_prefill", "auto_apply_plans",
+            "replicas_ready", "created_at", "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        merged = deployment_services.merged_fields(self.instance, attrs)
+        errors = deployment_services.deployment_errors(merged)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    region = RegionKeyField(read_only=True)
+    public_id = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = [
+            "id", "public_id", "deployment", "region", "offer", "provider", "url", "state",
+            "spot", "last_error", "created_at", "state_changed_at", "ready_at", "terminated_at",
+        ]
+        read_only_fields = fields
+
+
+class AuditLogSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditLog
+        fields = [
+            "id", "at", "actor", "action", "object_type", "object_id", "object_repr",
+            "tenant", "changes", "reason",
+        ]
+        read_only_fields = fields
+
+
+class _Check(serializers.Serializer):
+    ok = serializers.BooleanField()
+    detail = serializers.CharField()
+
+
+class StatusSerializer(serializers.Serializer):
+    ok = serializers.BooleanField()
+    database = _Check()
+    redis = _Check()
+    celery = _Check()
+    beat = _Check()
+    workers = serializers.ListField(child=serializers.CharField())
+    last_beat_tick = serializers.DateTimeField(allow_null=True)

@@ -1,0 +1,25 @@
+"""Routes of the REST API under /api/v1/."""
+
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from controlplane.api import views
+
+router = DefaultRouter()
+router.register("clouds", views.CloudViewSet)
+router.register("jurisdictions", views.JurisdictionViewSet)
+router.register("regions", views.RegionViewSet)
+router.register("gpu-types", views.GpuTypeViewSet)
+router.register("offers", views.OfferViewSet)
+router.register("quotas", views.QuotaViewSet)
+router.register("tenants", views.TenantViewSet)
+router.register("api-keys", views.ApiKeyViewSet)
+router.register("models", views.ModelViewSet)
+router.register("deployments", views.DeploymentViewSet)
+router.register("replicas", views.ReplicaViewSet)
+router.register("audit-log", views.AuditLogViewSet)
+
+urlpatterns = [
+    path("status/", views.StatusView.as_view(), name="status"),
+    *router.urls,
+]

@@ -1,0 +1,1 @@
+"""Tenants, users and roles, API tokens and keys, the audit log and shared helpers."""

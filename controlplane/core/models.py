@@ -1,0 +1,145 @@
+"""Tenants, user roles, API tokens (control plane), API keys (inference) and the audit log."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    OPERATOR = "operator", "Operator"
+    ADMIN = "admin", "Admin"
+
+
+ROLE_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+
+
+class Tier(models.TextChoices):
+    INTERACTIVE = "interactive", "Interactive"
+    BATCH = "batch", "Batch"
+
+
+class Tenant(models.Model):
+    """A customer of the fleet: where its data may go, how fast it may send, what it may spend."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    display_name = models.CharField(max_length=128, blank=True)
+    allowed_jurisdictions = models.ManyToManyField(
+        "regions.Jurisdiction", related_name="tenants", blank=True,
+        help_text="Jurisdictions the tenant's requests may be served in. Empty: none.",
+    )
+    allowed_regions = models.ManyToManyField(
+        "regions.Region", related_name="tenants", blank=True,
+        help_text="Optional narrowing to specific regions inside the allowed jurisdictions.",
+    )
+    rpm_limit = models.PositiveIntegerField(default=600, validators=[MinValueValidator(1)])
+    tpm_limit = models.PositiveIntegerField(default=200_000, validators=[MinValueValidator(1)])
+    monthly_budget_usd = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True,
+        validators=[MinValueValidator(0)],
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A user's role, and the tenant it is confined to (none: platform staff)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
+    )
+
+    def __str__(self) -> str:
+        scope = self.tenant.name if self.tenant_id else "platform"
+        return f"{self.user} ({self.role}, {scope})"
+
+
+class ApiToken(models.Model):
+    """A control-plane API token; only its SHA-256 is stored, the token is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=64, default="cli")
+    prefix = models.CharField(max_length=16, db_index=True)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class ApiKey(models.Model):
+    """A tenant's inference key for the edges; only its SHA-256 is stored and routed."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=64)
+    prefix = models.CharField(max_length=16, db_index=True)
+    key_hash = models.CharField(max_length=64, unique=True)
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.INTERACTIVE)
+    allowed_models = models.JSONField(
+        default=list, blank=True, help_text='Served model names this key may use; ["*"] for all.'
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="apikey_unique_name_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.name} ({self.prefix}…)"
+
+
+class AuditLog(models.Model):
+    """Append-only record of who or what changed what, and why.
+
+    A database trigger (migration 0002) refuses UPDATE and DELETE on this table, so the
+    record holds even against code that forgets the rule.
+    """
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.CharField(max_length=150, help_text="Username, or system:<loop> for jobs.")
+    action = models.CharField(max_length=64, db_index=True)
+    object_type = models.CharField(max_length=64, db_index=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        related_name="+",
+    )
+    changes = models.JSONField(default=dict, blank=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type}"
+
+
+class Heartbeat(models.Model):
+    """The last time a periodic process showed it was alive (e.g. celery beat)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} @ {self.at:%H:%M:%S}"

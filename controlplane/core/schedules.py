@@ -1,0 +1,47 @@
+"""The periodic tasks Meridian runs under celery beat, kept in the database by one function.
+
+`sync_schedules` is idempotent: it creates missing entries and fixes their interval, task
+and queue, but keeps an operator's `enabled` choice made in the admin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    task: str
+    every_s: int
+    queue: str = "control"
+
+
+SCHEDULES: tuple[Schedule, ...] = (
+    Schedule("beat tick", "core.beat_tick", 10),
+)
+
+
+@transaction.atomic
+def sync_schedules(schedules: tuple[Schedule, ...] = SCHEDULES) -> list[str]:
+    """Create or correct each schedule; returns the names that changed."""
+    changed = []
+    for schedule in schedules:
+        interval, _ = IntervalSchedule.objects.get_or_create(
+            every=schedule.every_s, period=IntervalSchedule.SECONDS
+        )
+        task, created = PeriodicTask.objects.get_or_create(
+            name=schedule.name,
+            defaults={"task": schedule.task, "interval": interval, "queue": schedule.queue},
+        )
+        if created:
+            changed.append(schedule.name)
+            continue
+        if (task.task, task.interval_id, task.queue) != (schedule.task, interval.pk, schedule.queue):
+            task.task, task.interval, task.queue = schedule.task, interval, schedule.queue
+            task.save()
+            changed.append(schedule.name)
+    return changed

@@ -1,0 +1,1 @@
+"""Models, deployments, replicas and their state machine."""

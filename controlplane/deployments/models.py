@@ -1,0 +1,141 @@
+"""Model architectures, deployments (what to serve, where it may run, its SLO) and replicas."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from controlplane.core.models import Tier
+
+
+class Dtype(models.TextChoices):
+    BF16 = "bfloat16", "bfloat16"
+    FP16 = "float16", "float16"
+    FP8 = "fp8", "fp8"
+    INT8 = "int8", "int8"
+    INT4 = "int4", "int4"
+
+
+class Model(models.Model):
+    """An open model's architecture: enough to size its weights and KV cache."""
+
+    name = models.SlugField(max_length=96, unique=True)
+    hf_id = models.CharField(max_length=200, help_text="Hugging Face id passed to vllm serve.")
+    family = models.CharField(max_length=32, blank=True)
+    parameters_b = models.FloatField(validators=[MinValueValidator(0.01)])
+    active_parameters_b = models.FloatField(null=True, blank=True)
+    layers = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    hidden_size = models.PositiveIntegerField(null=True, blank=True)
+    attention_heads = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    kv_heads = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    head_dim = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    dtype = models.CharField(max_length=16, choices=Dtype.choices, default=Dtype.BF16)
+    max_context = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    license = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Deployment(models.Model):
+    """A model served for a tenant (or shared), with its SLO, scale bounds and engine args."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    served_model_name = models.CharField(
+        max_length=96, help_text="The name clients send as `model`."
+    )
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="deployments")
+    tenant = models.ForeignKey(
+        "core.Tenant", null=True, blank=True, on_delete=models.PROTECT,
+        related_name="deployments", help_text="Empty: shared by every tenant.",
+    )
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.INTERACTIVE)
+    allowed_jurisdictions = models.ManyToManyField(
+        "regions.Jurisdiction", related_name="deployments",
+        help_text="Where replicas may be placed.",
+    )
+    user_regions = models.ManyToManyField(
+        "regions.Region", related_name="deployments_served", blank=True,
+        help_text="Where the deployment's users are; latency targets are measured from here.",
+    )
+    slo_ttft_p95_ms = models.PositiveIntegerField(default=1000, validators=[MinValueValidator(1)])
+    slo_itl_p95_ms = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
+    min_replicas = models.PositiveIntegerField(default=1)
+    max_replicas = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1)])
+    spread_regions = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1)],
+        help_text="Replicas must span at least this many regions.",
+    )
+    max_spot_fraction = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    demand_tokens_per_s = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)])
+    tensor_parallel = models.PositiveSmallIntegerField(default=1)
+    pipeline_parallel = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(16)]
+    )
+    max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
+    enable_prefix_caching = models.BooleanField(default=True)
+    disaggregated_prefill = models.BooleanField(default=False)
+    auto_apply_plans = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(min_replicas__lte=models.F("max_replicas")),
+                name="deployment_min_le_max_replicas",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ReplicaState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    PROVISIONING = "provisioning", "Provisioning"
+    STARTING = "starting", "Starting"
+    READY = "ready", "Ready"
+    DEGRADED = "degraded", "Degraded"
+    DRAINING = "draining", "Draining"
+    TERMINATED = "terminated", "Terminated"
+    FAILED = "failed", "Failed"
+
+
+class Replica(models.Model):
+    """One running copy of a deployment: one SkyPilot cluster or one local engine process."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
+    region = models.ForeignKey("regions.Region", on_delete=models.PROTECT, related_name="replicas")
+    offer = models.ForeignKey(
+        "regions.Offer", null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas"
+    )
+    provider = models.CharField(max_length=32, default="local")
+    provider_handle = models.JSONField(default=dict, blank=True)
+    url = models.URLField(max_length=300, blank=True)
+    state = models.CharField(
+        max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING, db_index=True
+    )
+    spot = models.BooleanField(default=False)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deployment__name", "id"]
+        indexes = [models.Index(fields=["deployment", "state"])]
+
+    @property
+    def public_id(self) -> str:
+        return f"r-{self.pk}"
+
+    def __str__(self) -> str:
+        return f"{self.public_id} {self.deployment} @ {self.region} ({self.state})"

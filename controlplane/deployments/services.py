@@ -1,0 +1,133 @@
+"""Deployment rules: validation of scale bounds, parallelism, context and residency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.deployments.models import Deployment, Model
+from regions.services import CatalogError, LoadReport, upsert
+
+# vLLM shards attention heads across tensor-parallel ranks inside one node.
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16)
+
+_FIELDS = (
+    "model", "tenant", "allowed_jurisdictions", "user_regions", "min_replicas", "max_replicas",
+    "tensor_parallel", "pipeline_parallel", "max_model_len", "spread_regions",
+    "max_spot_fraction",
+)
+_DEFAULTS: dict[str, Any] = {
+    "min_replicas": 1, "max_replicas": 4, "tensor_parallel": 1, "pipeline_parallel": 1,
+    "max_model_len": 8192, "spread_regions": 1, "max_spot_fraction": 0.0,
+    "allowed_jurisdictions": [], "user_regions": [], "tenant": None,
+}
+
+
+def merged_fields(instance: Deployment | None, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The deployment as it would be after applying `attrs` (a partial update) to `instance`."""
+    merged: dict[str, Any] = {}
+    for field in _FIELDS:
+        if field in attrs:
+            merged[field] = attrs[field]
+        elif instance is not None and instance.pk is not None:
+            value = getattr(instance, field)
+            if field in ("allowed_jurisdictions", "user_regions"):
+                value = list(value.all())
+            merged[field] = value
+        else:
+            merged[field] = _DEFAULTS.get(field)
+    return merged
+
+
+def tensor_parallel_error(model: Model, tp: int) -> str | None:
+    if tp not in TENSOR_PARALLEL_SIZES:
+        sizes = ", ".join(str(size) for size in TENSOR_PARALLEL_SIZES)
+        return f"tensor_parallel must be one of {sizes}; got {tp}."
+    if model.attention_heads % tp:
+        return (
+            f"tensor_parallel {tp} does not divide {model.name}'s "
+            f"{model.attention_heads} attention heads."
+        )
+    if model.kv_heads % tp and tp % model.kv_heads:
+        return f"tensor_parallel {tp} cannot shard {model.name}'s {model.kv_heads} KV heads."
+    return None
+
+
+def deployment_errors(fields: dict[str, Any]) -> dict[str, str]:
+    """Field-named errors for a deployment's settings; empty when it is valid."""
+    errors: dict[str, str] = {}
+    model: Model | None = fields.get("model")
+    low, high = fields["min_replicas"], fields["max_replicas"]
+    if low is not None and high is not None and low > high:
+        errors["min_replicas"] = f"min_replicas ({low}) must not exceed max_replicas ({high})."
+    spread = fields["spread_regions"]
+    if spread is not None and high is not None and spread > max(high, 1):
+        errors["spread_regions"] = (
+            f"spread_regions ({spread}) cannot exceed max_replicas ({high}): "
+            "each region needs at least one replica."
+        )
+    if model is not None:
+        tp_error = tensor_parallel_error(model, fields["tensor_parallel"])
+        if tp_error:
+            errors["tensor_parallel"] = tp_error
+        if fields["max_model_len"] > model.max_context:
+            errors["max_model_len"] = (
+                f"max_model_len ({fields['max_model_len']}) exceeds {model.name}'s "
+                f"maximum context of {model.max_context} tokens."
+            )
+    jurisdictions = list(fields["allowed_jurisdictions"] or [])
+    if not jurisdictions:
+        errors["allowed_jurisdictions"] = "Name at least one jurisdiction replicas may run in."
+    tenant = fields.get("tenant")
+    if tenant is not None and jurisdictions:
+        permitted = {j.code for j in tenant.allowed_jurisdictions.all()}
+        outside = sorted(j.code for j in jurisdictions if j.code not in permitted)
+        if outside:
+            errors["allowed_jurisdictions"] = (
+                f"Tenant {tenant.name} may not use {', '.join(outside)} "
+                f"(allowed: {', '.join(sorted(permitted)) or 'none'})."
+            )
+    return errors
+
+
+MODEL_CATALOG_PATH = Path(__file__).resolve().parent / "catalog" / "models.json"
+_MODEL_FIELDS = (
+    "hf_id", "family", "parameters_b", "active_parameters_b", "layers", "hidden_size",
+    "attention_heads", "kv_heads", "head_dim", "dtype", "max_context", "license",
+)
+
+
+@transaction.atomic
+def load_model_catalog(entries: list[dict[str, Any]], report: LoadReport) -> None:
+    """Upsert the shipped model architectures; idempotent like the GPU catalog."""
+    for i, entry in enumerate(entries):
+        where = f"models[{i}]"
+        missing = [
+            name for name in ("name", "hf_id", "parameters_b", "layers", "attention_heads",
+                              "kv_heads", "head_dim", "max_context")
+            if entry.get(name) in (None, "")
+        ]
+        if missing:
+            raise CatalogError(f"{where}: missing field(s) {', '.join(missing)}")
+        if entry["attention_heads"] % entry["kv_heads"]:
+            raise CatalogError(f"{where}: kv_heads must divide attention_heads")
+        values = {name: entry.get(name) for name in _MODEL_FIELDS}
+        values["family"] = values["family"] or ""
+        values["license"] = values["license"] or ""
+        values["dtype"] = values["dtype"] or "bfloat16"
+        upsert(Model, {"name": entry["name"]}, values, report, "models")
+
+
+def read_model_catalog(path: Path = MODEL_CATALOG_PATH) -> list[dict[str, Any]]:
+    try:
+        entries = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CatalogError(f"model catalog not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise CatalogError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(entries, list):
+        raise CatalogError(f"{path}: expected a list of models")
+    return entries

@@ -1,0 +1,1 @@
+"""The local lab: the whole system on one machine (`make up`)."""

