@@ -24,11 +24,10 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-class MeridianViewSet(viewsets.ModelViewSet):
-    """Scopes rows to the caller's tenant and writes an audit event for every change.
+class TenantScopedViewSet(viewsets.GenericViewSet):
+    """Scopes rows to the caller's tenant.
 
-    Subclasses set `queryset`, `serializer_class`, `filterset_class` and, where rows
-    belong to tenants, `tenant_field` (the lookup from the row to its tenant).
+    Where rows belong to tenants, `tenant_field` is the lookup from the row to its tenant;
     `shared_visible` lets tenant users read rows with no tenant (shared deployments).
     """
 
@@ -50,6 +49,13 @@ class MeridianViewSet(viewsets.ModelViewSet):
         if self.shared_visible:
             scope |= Q(**{f"{self.tenant_field}__isnull": True})
         return queryset.filter(scope)
+
+
+class MeridianViewSet(TenantScopedViewSet, viewsets.ModelViewSet):
+    """Full CRUD on tenant-scoped rows, with an audit event for every change.
+
+    Subclasses set `queryset`, `serializer_class` and `filterset_class`.
+    """
 
     def _audit(self, action: str, instance: DjangoModel, changes: dict[str, Any]) -> None:
         record_audit(self.principal.username, action, instance, changes=changes, reason="api")

@@ -154,11 +154,17 @@ class _TenantOwned(serializers.ModelSerializer):
             raise serializers.ValidationError("You may only use your own tenant.")
         return value
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        own = self._principal_tenant_id()
+        if own is not None and self.instance is None and attrs.get("tenant") is None:
+            attrs["tenant"] = Tenant.objects.get(pk=own)
+        return attrs
+
 
 class ApiKeySerializer(_TenantOwned):
     tenant = serializers.SlugRelatedField(slug_field="name", queryset=Tenant.objects.all())
-    key = serializers.CharField(
-        read_only=True, help_text="The key itself, returned once on creation and never again."
+    key = serializers.SerializerMethodField(
+        help_text="The key itself, returned once on creation and null ever after."
     )
     allowed_models = serializers.ListField(
         child=serializers.CharField(max_length=96), required=False, max_length=100
@@ -174,6 +180,7 @@ class ApiKeySerializer(_TenantOwned):
         read_only_fields = ["prefix", "created_at", "revoked_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
         if self.instance is not None and "tenant" in attrs and attrs["tenant"] != self.instance.tenant:
             raise serializers.ValidationError({"tenant": "A key cannot move between tenants."})
         return attrs
@@ -186,8 +193,12 @@ class ApiKeySerializer(_TenantOwned):
             validated_data["tenant"], validated_data["name"],
             validated_data.get("tier", Tier.INTERACTIVE), validated_data.get("allowed_models"),
         )
-        row.key = key  # type: ignore[attr-defined]
+        row.plaintext_key = key  # type: ignore[attr-defined]
         return row
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_key(self, obj: ApiKey) -> str | None:
+        return getattr(obj, "plaintext_key", None)
 
     def update(self, instance: ApiKey, validated_data: dict[str, Any]) -> ApiKey:
         revoked = validated_data.pop("revoked", None)
@@ -241,6 +252,7 @@ class DeploymentSerializer(_TenantOwned):
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
         merged = deployment_services.merged_fields(self.instance, attrs)
         errors = deployment_services.deployment_errors(merged)
         if errors:

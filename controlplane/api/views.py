@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api import filters, serializers
-from controlplane.api.base import MeridianViewSet
+from controlplane.api.base import MeridianViewSet, TenantScopedViewSet
 from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
 from controlplane.core.services import principal_for
@@ -84,11 +84,6 @@ class TenantViewSet(MeridianViewSet):
     serializer_class = serializers.TenantSerializer
     ordering_fields = ["name", "created_at"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
-        queryset = super(MeridianViewSet, self).get_queryset()
-        principal = self.principal
-        return queryset if principal.is_platform else queryset.filter(pk=principal.tenant_id)
-
 
 class ApiKeyViewSet(MeridianViewSet):
     """Inference keys for the edges. DELETE revokes: the row stays for the record."""
@@ -119,13 +114,14 @@ class DeploymentViewSet(MeridianViewSet):
             Prefetch("user_regions", Region.objects.select_related("cloud")),
         )
         .annotate(replicas_ready=Count("replicas", filter=Q(replicas__state=ReplicaState.READY)))
+        .order_by("name")
     )
     serializer_class = serializers.DeploymentSerializer
     filterset_class = filters.DeploymentFilter
     ordering_fields = ["name", "created_at", "min_replicas", "max_replicas"]
 
 
-class ReplicaViewSet(viewsets.ReadOnlyModelViewSet, MeridianViewSet):
+class ReplicaViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
     tenant_field = "deployment__tenant"
     shared_visible = True
     queryset = Replica.objects.select_related("deployment", "region__cloud")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from controlplane.core.models import Tier
@@ -19,7 +19,10 @@ class Dtype(models.TextChoices):
 class Model(models.Model):
     """An open model's architecture: enough to size its weights and KV cache."""
 
-    name = models.SlugField(max_length=96, unique=True)
+    name = models.CharField(
+        max_length=96, unique=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", "Use letters, digits, '.', '_' and '-'.")],
+    )
     hf_id = models.CharField(max_length=200, help_text="Hugging Face id passed to vllm serve.")
     family = models.CharField(max_length=32, blank=True)
     parameters_b = models.FloatField(validators=[MinValueValidator(0.01)])

@@ -1,0 +1,95 @@
+"""Shared fixtures: a small real catalog in Postgres, tenants, and API clients per role."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+
+
+@pytest.fixture
+def catalog(db):  # type: ignore[no-untyped-def]
+    """Two jurisdictions, two clouds, three regions, two GPU types, offers, quota, models."""
+    from controlplane.deployments.models import Model
+    from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
+
+    seen = datetime(2026, 11, 1, tzinfo=UTC)
+    eu = Jurisdiction.objects.create(code="EU", name="European Union")
+    us = Jurisdiction.objects.create(code="US", name="United States")
+    aws = Cloud.objects.create(name="aws", display_name="AWS", skypilot_name="aws")
+    gcp = Cloud.objects.create(name="gcp", display_name="GCP", skypilot_name="gcp")
+    fra = Region.objects.create(
+        cloud=aws, code="eu-central-1", display_name="Frankfurt", latitude=50.1,
+        longitude=8.7, country="DE", jurisdiction=eu,
+    )
+    iad = Region.objects.create(
+        cloud=aws, code="us-east-1", display_name="N. Virginia", latitude=38.9,
+        longitude=-77.4, country="US", jurisdiction=us,
+    )
+    ams = Region.objects.create(
+        cloud=gcp, code="europe-west4", display_name="Eemshaven", latitude=53.4,
+        longitude=6.8, country="NL", jurisdiction=eu,
+    )
+    h100 = GpuType.objects.create(
+        name="H100", memory_gib=80, memory_bandwidth_gbps=3350, bf16_tflops=989,
+        fp16_tflops=989, skypilot_name="H100",
+    )
+    l4 = GpuType.objects.create(
+        name="L4", memory_gib=24, memory_bandwidth_gbps=300, bf16_tflops=121,
+        fp16_tflops=121, skypilot_name="L4",
+    )
+    for region, price in ((fra, "12.29"), (iad, "11.06"), (ams, "11.50")):
+        Offer.objects.create(
+            region=region, gpu_type=h100, gpus_per_node=1, instance_type="h100x1",
+            on_demand_usd_h=Decimal(price), spot_usd_h=Decimal(price) / 2, observed_at=seen,
+        )
+        Offer.objects.create(
+            region=region, gpu_type=l4, gpus_per_node=1, instance_type="l4x1",
+            on_demand_usd_h=Decimal("0.80"), spot_usd_h=None, observed_at=seen,
+        )
+        Quota.objects.create(region=region, gpu_type=h100, limit_gpus=16, observed_at=seen)
+    llama8b = Model.objects.create(
+        name="llama-3.1-8b-instruct", hf_id="meta-llama/Llama-3.1-8B-Instruct", family="llama",
+        parameters_b=8.03, layers=32, hidden_size=4096, attention_heads=32, kv_heads=8,
+        head_dim=128, max_context=131072,
+    )
+    return {
+        "eu": eu, "us": us, "aws": aws, "gcp": gcp, "fra": fra, "iad": iad, "ams": ams,
+        "h100": h100, "l4": l4, "llama8b": llama8b,
+    }
+
+
+@pytest.fixture
+def tenants(catalog):  # type: ignore[no-untyped-def]
+    from controlplane.core.models import Tenant
+
+    acme = Tenant.objects.create(name="acme", display_name="Acme GmbH")
+    acme.allowed_jurisdictions.set([catalog["eu"]])
+    globex = Tenant.objects.create(name="globex", display_name="Globex Inc")
+    globex.allowed_jurisdictions.set([catalog["us"], catalog["eu"]])
+    return {"acme": acme, "globex": globex}
+
+
+@pytest.fixture
+def make_client(db) -> Callable[..., object]:  # type: ignore[no-untyped-def]
+    """An APIClient authenticated with a fresh bearer token for a user of the given role."""
+    from rest_framework.test import APIClient
+
+    from controlplane.core.services import ensure_user, issue_api_token
+
+    def make(role: str | None, tenant=None, username: str | None = None) -> APIClient:  # type: ignore[no-untyped-def]
+        client = APIClient()
+        if role is None:
+            return client
+        name = username or f"{role}-{tenant.name if tenant else 'platform'}"
+        user = ensure_user(name, role, tenant)
+        _, token = issue_api_token(user)
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return client
+
+    return make
