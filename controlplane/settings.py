@@ -128,10 +128,6 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "SECURITY": [{"BearerAuth": []}],
-    "APPEND_COMPONENTS": {
-        "securitySchemes": {"BearerAuth": {"type": "http", "scheme": "bearer"}}
-    },
 }
 
 CELERY_BROKER_URL = REDIS_URL

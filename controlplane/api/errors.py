@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError, RestrictedError
 from rest_framework import status
 from rest_framework.response import Response
@@ -24,6 +24,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DjangoValidationError):
         body = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
         return Response(body, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, DataError):
+        return Response(
+            {"detail": f"A value is out of range or malformed: {str(exc).splitlines()[0]}"},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
     if isinstance(exc, IntegrityError):
         return Response(
             {"detail": f"Conflicts with a stored row: {str(exc).splitlines()[0]}"},

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from regions.models import Region
 
 
+@extend_schema_field({"type": "string", "example": "aws:eu-central-1"})
 class RegionKeyField(serializers.RelatedField):
     """A region as `cloud:code`."""
 
