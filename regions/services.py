@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, time
+from datetime import UTC, datetime, time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from django.db import models, transaction
 from django.utils import timezone
@@ -100,7 +101,7 @@ def read_catalog(path: Path = CATALOG_PATH) -> dict[str, Any]:
 
 def catalog_observed_at(data: dict[str, Any]) -> datetime:
     as_of = datetime.fromisoformat(data["as_of"]).date()
-    return datetime.combine(as_of, time(0, 0), tzinfo=timezone.UTC)
+    return datetime.combine(as_of, time(0, 0), tzinfo=UTC)
 
 
 @transaction.atomic

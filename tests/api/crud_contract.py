@@ -131,6 +131,7 @@ class CrudContract:
         for payload, field in self.bad_payloads(fx):
             response = client.patch(self.detail(obj), payload, format="json")
             assert response.status_code == 400, (payload, response.content)
+            assert field in response.json() or "non_field_errors" in response.json(), field
         assert client.get(self.detail(obj)).json() == before
 
     def test_invalid_json_is_400(self, fx, make_client):  # type: ignore[no-untyped-def]

@@ -6,12 +6,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from tests.api.crud_contract import CrudContract
-
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
 from controlplane.core.services import issue_api_key, record_audit
 from controlplane.deployments.models import Deployment, Model, Replica
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
+from tests.api.crud_contract import CrudContract
 
 SEEN = datetime(2026, 11, 1, tzinfo=UTC)
 

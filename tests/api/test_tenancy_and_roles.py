@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from tests.api.test_endpoints_crud import make_deployment
 
 from controlplane.core.models import ApiKey, AuditLog, Role
 from controlplane.core.services import issue_api_key
+from tests.api.test_endpoints_crud import make_deployment
 
 pytestmark = pytest.mark.django_db
 

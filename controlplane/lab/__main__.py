@@ -1,0 +1,113 @@
+"""`python -m controlplane.lab`: run the whole system on this machine until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from controlplane.lab import backing
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m controlplane.lab", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--web-port", type=int, default=int(os.environ.get("MERIDIAN_WEB_PORT", 8000)))
+    parser.add_argument("--var-dir", type=Path, default=backing.VAR_DIR)
+    return parser.parse_args(argv)
+
+
+def say(message: str) -> None:
+    print(f"[lab] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    say("finding Postgres and Redis")
+    database_url = os.environ.get("DATABASE_URL") or backing.lab_database_url()
+    redis_url = os.environ.get("REDIS_URL") or backing.lab_redis_url()
+    say(f"  Postgres: {_redact(database_url)}")
+    say(f"  Redis:    {redis_url}")
+    os.environ.update(DATABASE_URL=database_url, REDIS_URL=redis_url,
+                      DJANGO_SETTINGS_MODULE="controlplane.settings")
+    os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+
+    from controlplane.lab.bootstrap import ensure_database, prepare
+
+    if ensure_database(database_url):
+        say("  created the database")
+    import django
+
+    django.setup()
+    say("migrating, seeding the catalog and schedules, collecting static files")
+    creds = prepare(args.var_dir)
+
+    from controlplane.lab.processes import ProcessGroup
+
+    python = sys.executable
+    bind = f"{args.host}:{args.web_port}"
+    group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
+    group.start("web", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
+                        "--workers", "2", "--threads", "4", "--access-logfile", "-"])
+    group.start("worker", [python, "-m", "celery", "-A", "controlplane", "worker",
+                           "-Q", "control,provision", "--concurrency", "2", "-n", "lab@%h",
+                           "--loglevel", "INFO"])
+    group.start("beat", [python, "-m", "celery", "-A", "controlplane", "beat", "--loglevel",
+                         "INFO", "--schedule", str(args.var_dir / "lab" / "celerybeat-schedule")])
+
+    base = f"http://{bind}"
+    print(
+        f"""
+  Meridian lab is up.
+    Dashboard   {base}/            (login: {creds.username} / {creds.password})
+    Admin       {base}/admin/
+    API docs    {base}/api/docs/
+    API token   {creds.api_token}
+    Demo key    {creds.demo_api_key}   (tenant 'demo', for the edges)
+    Logs        {group.log_dir}/
+
+  Try:
+    curl -s -H "Authorization: Bearer {creds.api_token}" {base}/api/v1/status/
+    curl -s -H "Authorization: Bearer {creds.api_token}" "{base}/api/v1/offers/?gpu=H100&jurisdiction=EU&ordering=on_demand_usd_h"
+
+  Ctrl-C stops everything.
+""",
+        flush=True,
+    )
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    code = 0
+    while not stopping:
+        dead = group.dead()
+        if dead:
+            for child in dead:
+                say(f"{child.name} exited with {child.process.returncode}; see {child.log_path}")
+            code = 1
+            break
+        time.sleep(0.5)
+    say("stopping every process")
+    group.stop()
+    say("stopped")
+    return code
+
+
+def _redact(url: str) -> str:
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}@{host}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
