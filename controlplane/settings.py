@@ -42,6 +42,8 @@ INSTALLED_APPS = [
     "controlplane.core",
     "regions",
     "controlplane.deployments",
+    "controlplane.provisioning",
+    "controlplane.routing",
     "controlplane.api",
 ]
 
@@ -134,7 +136,7 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
-CELERY_TASK_ROUTES = {"controlplane.provisioning.tasks.*": {"queue": "provision"}}
+CELERY_TASK_ROUTES = {"provisioning.*": {"queue": "provision"}}
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

@@ -14,6 +14,7 @@ from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
 from controlplane.core.services import principal_for
 from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
+from controlplane.routing.models import Edge, RoutingPolicy
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
 
@@ -297,3 +298,54 @@ class StatusSerializer(serializers.Serializer):
     beat = _Check()
     workers = serializers.ListField(child=serializers.CharField())
     last_beat_tick = serializers.DateTimeField(allow_null=True)
+
+
+class EdgeSerializer(serializers.ModelSerializer):
+    region = RegionKeyField()
+    latest_version = serializers.IntegerField(read_only=True, allow_null=True)
+    in_sync = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Edge
+        fields = [
+            "id", "name", "region", "admin_url", "public_url", "enabled", "last_acked_version",
+            "last_acked_at", "last_seen_at", "last_error", "latest_version", "in_sync",
+            "created_at",
+        ]
+        read_only_fields = [
+            "last_acked_version", "last_acked_at", "last_seen_at", "last_error", "created_at",
+        ]
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_in_sync(self, obj: Edge) -> bool:
+        latest = getattr(obj, "latest_version", None)
+        return latest is None or obj.last_acked_version == latest
+
+
+class RoutingPolicySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RoutingPolicy
+        fields = [
+            "id", "name", "scorers", "retry_before_first_byte", "eject_after_failures",
+            "eject_base_s", "aliases", "updated_at",
+        ]
+        read_only_fields = ["updated_at"]
+
+    def validate_scorers(self, value: Any) -> dict[str, float]:
+        known = {"latency", "load", "prefix", "cost"}
+        if not isinstance(value, dict) or not value:
+            raise serializers.ValidationError('Expected weights by scorer, e.g. {"load": 2.0}.')
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise serializers.ValidationError(
+                f"Unknown scorer(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}."
+            )
+        for name, weight in value.items():
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
+                raise serializers.ValidationError(f"Weight of {name} must be a number ≥ 0.")
+        return {name: float(weight) for name, weight in value.items()}
+
+    def validate_aliases(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Expected an object of alias → rule.")
+        return value

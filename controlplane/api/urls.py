@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import views
+from controlplane.api import routing_views, views
 
 router = DefaultRouter()
 router.register("clouds", views.CloudViewSet)
@@ -18,8 +18,11 @@ router.register("models", views.ModelViewSet)
 router.register("deployments", views.DeploymentViewSet)
 router.register("replicas", views.ReplicaViewSet)
 router.register("audit-log", views.AuditLogViewSet)
+router.register("edges", routing_views.EdgeViewSet)
+router.register("routing-policy", routing_views.RoutingPolicyViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
+    path("edges/<slug:name>/table", routing_views.EdgeTableView.as_view(), name="edge-table"),
     *router.urls,
 ]

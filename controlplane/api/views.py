@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from controlplane.api import filters, serializers
 from controlplane.api.base import MeridianViewSet, TenantScopedViewSet
+from controlplane.api.deployment_actions import DeploymentActions, ReplicaActions
 from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
 from controlplane.core.services import principal_for
@@ -103,7 +104,7 @@ class ApiKeyViewSet(MeridianViewSet):
         self._audit("revoke", instance, {})
 
 
-class DeploymentViewSet(MeridianViewSet):
+class DeploymentViewSet(DeploymentActions, MeridianViewSet):
     write_role = Role.OPERATOR
     tenant_field = "tenant"
     shared_visible = True
@@ -121,7 +122,7 @@ class DeploymentViewSet(MeridianViewSet):
     ordering_fields = ["name", "created_at", "min_replicas", "max_replicas"]
 
 
-class ReplicaViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
+class ReplicaViewSet(ReplicaActions, TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
     tenant_field = "deployment__tenant"
     shared_visible = True
     queryset = Replica.objects.select_related("deployment", "region__cloud")

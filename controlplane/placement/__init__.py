@@ -1,0 +1,1 @@
+"""Placement: the capacity model and the placement solver."""

@@ -1,0 +1,1 @@
+"""Provisioning: the Provider protocol, local and SkyPilot providers, and provider jobs."""

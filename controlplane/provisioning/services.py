@@ -1,0 +1,335 @@
+"""Provisioning services: launch, watch, drain, terminate and reconcile replicas.
+
+Every provider call is recorded as an Operation row. State changes go through
+deployments.lifecycle.transition, whose conditional updates make each step safe to run
+twice at once: the loser of a race gets IllegalTransition and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.core.services import record_audit
+from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
+from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
+from controlplane.provisioning.readiness import engine_readiness
+from regions.models import Offer, Region
+
+log = logging.getLogger(__name__)
+
+SYSTEM = "system:provisioning"
+# How long a replica may take from launch to ready before it is failed.
+READY_TIMEOUT = timedelta(seconds=int(getattr(settings, "MERIDIAN_READY_TIMEOUT_S", 1800)))
+
+
+# -- providers ------------------------------------------------------------------------------
+
+_providers: dict[str, Provider] = {}
+
+
+def provider_name_for(region: Region) -> str:
+    return "local" if region.cloud.name == "local" else "skypilot"
+
+
+def get_provider(name: str) -> Provider:
+    """The process-wide provider instance for `name` (built on first use)."""
+    if name not in _providers:
+        _providers[name] = _build_provider(name)
+    return _providers[name]
+
+
+def set_provider(name: str, provider: Provider | None) -> None:
+    """Install (or with None, forget) a provider instance: the lab and tests use this."""
+    if provider is None:
+        _providers.pop(name, None)
+    else:
+        _providers[name] = provider
+
+
+def _build_provider(name: str) -> Provider:
+    if name == "local":
+        from controlplane.provisioning.local import LocalProvider
+
+        return LocalProvider(**local_provider_config())
+    if name == "skypilot":
+        from controlplane.provisioning.skypilot import SkyPilotProvider
+
+        return SkyPilotProvider()
+    raise ProviderError("invalid", f"unknown provider {name!r}")
+
+
+def local_provider_config() -> dict[str, Any]:
+    regions = Region.objects.filter(cloud__name="local").select_related("cloud")
+    return {
+        "state_dir": settings.VAR_DIR / "lab" / "replicas",
+        "regions": [
+            {"code": r.key, "latitude": r.latitude, "longitude": r.longitude} for r in regions
+        ],
+    }
+
+
+def handle_of(replica: Replica) -> ProviderHandle | None:
+    data = replica.provider_handle or {}
+    if not data.get("id"):
+        return None
+    return ProviderHandle(provider=data["provider"], id=data["id"], data=data.get("data", {}))
+
+
+def handle_json(handle: ProviderHandle) -> dict[str, Any]:
+    return {"provider": handle.provider, "id": handle.id, "data": handle.data}
+
+
+def spec_for(replica: Replica) -> ReplicaSpec:
+    deployment = replica.deployment
+    offer = replica.offer
+    gpus = offer.gpus_per_node if offer else deployment.tensor_parallel
+    return ReplicaSpec(
+        replica_id=replica.public_id,
+        deployment=deployment.name,
+        model=deployment.model.hf_id,
+        served_model_name=deployment.served_model_name,
+        cloud=replica.region.cloud.skypilot_name or replica.region.cloud.name,
+        region=replica.region.code,
+        accelerator=offer.gpu_type.skypilot_name if offer else "H100",
+        gpus_per_node=gpus,
+        nodes=max(deployment.pipeline_parallel, 1) if offer and offer.gpus_per_node < (
+            deployment.tensor_parallel * deployment.pipeline_parallel) else 1,
+        use_spot=replica.spot,
+        tensor_parallel=deployment.tensor_parallel,
+        pipeline_parallel=deployment.pipeline_parallel,
+        max_model_len=deployment.max_model_len,
+        enable_prefix_caching=deployment.enable_prefix_caching,
+    )
+
+
+# -- operations -----------------------------------------------------------------------------
+
+@dataclass
+class OperationRecorder:
+    operation: Operation
+
+    def note(self, line: str) -> None:
+        stamp = timezone.now().strftime("%H:%M:%S")
+        self.operation.log += f"{stamp} {line}\n"
+        Operation.objects.filter(pk=self.operation.pk).update(log=self.operation.log)
+
+    def finish(self, ok: bool, error_kind: str = "") -> None:
+        status = OperationStatus.SUCCEEDED if ok else OperationStatus.FAILED
+        Operation.objects.filter(pk=self.operation.pk).update(
+            status=status, error_kind=error_kind, finished_at=timezone.now(),
+            log=self.operation.log,
+        )
+
+
+def start_operation(kind: str, provider: str, replica: Replica | None) -> OperationRecorder:
+    op = Operation.objects.create(
+        kind=kind, provider=provider, replica=replica, status=OperationStatus.RUNNING,
+        started_at=timezone.now(), attempts=1,
+    )
+    return OperationRecorder(op)
+
+
+# -- requesting and launching -----------------------------------------------------------------
+
+@transaction.atomic
+def request_replicas(
+    deployment: Deployment, region: Region, count: int, *, actor: str, reason: str,
+    spot: bool = False, offer: Offer | None = None,
+) -> list[Replica]:
+    """Create `count` pending replicas; their launch is enqueued once this commits."""
+    from controlplane.provisioning.tasks import provision_replica
+
+    if offer is None:
+        offer = (
+            Offer.objects.filter(region=region, gpus_per_node__gte=deployment.tensor_parallel)
+            .select_related("gpu_type").order_by("on_demand_usd_h").first()
+        )
+    made = []
+    for _ in range(count):
+        replica = Replica.objects.create(
+            deployment=deployment, region=region, offer=offer,
+            provider=provider_name_for(region), spot=spot,
+        )
+        record_audit(actor, "replica.requested", replica, reason=reason,
+                     changes={"region": region.key, "offer": str(offer) if offer else None})
+        transaction.on_commit(lambda pk=replica.pk: provision_replica.delay(pk))
+        made.append(replica)
+    return made
+
+
+def launch(replica_id: int) -> Replica | None:
+    """pending → provisioning: ask the provider for the replica (non-blocking)."""
+    replica = Replica.objects.select_related(
+        "deployment__model", "region__cloud", "offer__gpu_type"
+    ).get(pk=replica_id)
+    try:
+        replica = transition(replica, S.PROVISIONING, actor=SYSTEM, reason="launch requested")
+    except IllegalTransition:
+        return None  # someone else launched it, or it was cancelled
+    replica = Replica.objects.select_related(
+        "deployment__model", "region__cloud", "offer__gpu_type"
+    ).get(pk=replica_id)
+    recorder = start_operation(OperationKind.LAUNCH, replica.provider, replica)
+    try:
+        spec = spec_for(replica)
+        recorder.note(f"launching {spec.served_model_name} in {replica.region.key}")
+        handle = get_provider(replica.provider).launch(spec)
+    except ProviderError as exc:
+        recorder.note(f"provider refused: {exc}")
+        recorder.finish(False, exc.kind)
+        transition(replica, S.FAILED, actor=SYSTEM, reason=f"launch failed: {exc}",
+                   last_error=str(exc))
+        return None
+    except Exception as exc:
+        recorder.note("unexpected error:\n" + traceback.format_exc())
+        recorder.finish(False, "other")
+        transition(replica, S.FAILED, actor=SYSTEM, reason=f"launch crashed: {exc}",
+                   last_error=str(exc))
+        raise
+    Replica.objects.filter(pk=replica.pk).update(provider_handle=handle_json(handle))
+    recorder.note(f"launched as {handle.id}")
+    recorder.finish(True)
+    return Replica.objects.get(pk=replica.pk)
+
+
+def check(replica_id: int) -> str:
+    """Advance a launching replica: provisioning → starting → ready, or failed.
+
+    Returns the replica's state afterwards; callers re-check while it is not settled.
+    """
+    replica = Replica.objects.select_related("deployment", "region__cloud").get(pk=replica_id)
+    if replica.state not in (S.PROVISIONING, S.STARTING):
+        return replica.state
+    handle = handle_of(replica)
+    if handle is None:
+        return replica.state
+    provider = get_provider(replica.provider)
+    status = provider.poll(handle)
+    if status.state in ("failed", "terminated"):
+        transition(replica, S.FAILED, actor=SYSTEM, reason=f"provider says {status.state}: "
+                   f"{status.message}", last_error=status.message)
+        return S.FAILED
+    if timezone.now() - replica.created_at > READY_TIMEOUT:
+        transition(replica, S.FAILED, actor=SYSTEM, reason="not ready in time",
+                   last_error=f"not ready after {READY_TIMEOUT}")
+        return S.FAILED
+    if status.state != "running":
+        return replica.state
+    url = provider.endpoint(handle) or ""
+    if replica.state == S.PROVISIONING:
+        replica = transition(replica, S.STARTING, actor=SYSTEM, reason="node running", url=url)
+    readiness = engine_readiness(url, replica.deployment.served_model_name)
+    if not readiness.ready:
+        return S.STARTING
+    transition(replica, S.READY, actor=SYSTEM, reason=readiness.detail)
+    return S.READY
+
+
+def terminate(replica_id: int, *, actor: str = SYSTEM, reason: str = "terminate") -> str:
+    replica = Replica.objects.select_related("deployment", "region__cloud").get(pk=replica_id)
+    if replica.state == S.TERMINATED:
+        return S.TERMINATED
+    handle = handle_of(replica)
+    recorder = start_operation(OperationKind.TERMINATE, replica.provider, replica)
+    if handle is not None:
+        try:
+            get_provider(replica.provider).terminate(handle)
+            recorder.note(f"terminated {handle.id}")
+        except ProviderError as exc:
+            recorder.note(f"provider refused: {exc}")
+            recorder.finish(False, exc.kind)
+            raise
+    if replica.state not in (S.FAILED, S.DRAINING, S.PENDING, S.PROVISIONING, S.STARTING):
+        replica = transition(replica, S.DRAINING, actor=actor, reason=reason)
+    transition(replica, S.TERMINATED, actor=actor, reason=reason)
+    recorder.finish(True)
+    return S.TERMINATED
+
+
+def drain(replica_id: int, *, actor: str, reason: str) -> Replica:
+    """ready/degraded → draining: weight 0 in the next tables; terminated after the deadline."""
+    return transition(replica_id, S.DRAINING, actor=actor, reason=reason)
+
+
+# -- reconciliation ---------------------------------------------------------------------------
+
+@dataclass
+class ReconcileReport:
+    checked: int = 0
+    failed: list[str] | None = None
+    replaced: list[str] | None = None
+    reaped: list[str] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checked": self.checked, "failed": self.failed or [],
+                "replaced": self.replaced or [], "reaped": self.reaped or []}
+
+
+def reconcile() -> ReconcileReport:
+    """Desired vs actual: fail replicas whose process or node is gone, replace them up to
+    each deployment's minimum, and reap provider resources no replica owns."""
+    report = ReconcileReport(failed=[], replaced=[], reaped=[])
+    live = Replica.objects.filter(state__in=LIVE_STATES - {S.PENDING}).select_related(
+        "deployment", "region__cloud"
+    )
+    for replica in live:
+        handle = handle_of(replica)
+        if handle is None:
+            continue
+        report.checked += 1
+        status = get_provider(replica.provider).poll(handle)
+        if status.state in ("failed", "terminated"):
+            try:
+                transition(replica, S.FAILED, actor="system:reconcile",
+                           reason=f"provider reports {status.state}: {status.message}",
+                           last_error=status.message)
+                report.failed.append(replica.public_id)
+            except IllegalTransition:
+                continue
+    for deployment in Deployment.objects.all():
+        report.replaced.extend(replace_missing(deployment))
+    return report
+
+
+def replace_missing(deployment: Deployment) -> list[str]:
+    """Request replacements for failed replicas while the deployment is under its minimum.
+
+    A replacement goes to the failed replica's region when that region still has healthy
+    replicas, else to the least-loaded allowed region with a lab or cloud offer.
+    """
+    live = deployment.replicas.filter(state__in=LIVE_STATES).count()
+    missing = deployment.min_replicas - live
+    if missing <= 0:
+        return []
+    failed = list(
+        deployment.replicas.filter(state=S.FAILED).select_related("region__cloud")
+        .order_by("-state_changed_at")[:missing]
+    )
+    made: list[str] = []
+    for dead in failed:
+        region = dead.region
+        replicas = request_replicas(deployment, region, 1, actor="system:reconcile",
+                                    reason=f"replace {dead.public_id} ({dead.last_error[:80]})",
+                                    spot=dead.spot, offer=dead.offer)
+        made.extend(r.public_id for r in replicas)
+        terminate_failed(dead)
+    return made
+
+
+def terminate_failed(replica: Replica) -> None:
+    """Release a failed replica's resources and mark it terminated."""
+    try:
+        terminate(replica.pk, actor="system:reconcile", reason="clean up failed replica")
+    except (ProviderError, IllegalTransition) as exc:
+        log.warning("could not clean up %s: %s", replica.public_id, exc)

@@ -1,0 +1,40 @@
+"""Provider jobs as Celery tasks on the `provision` queue; each is safe to run twice."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from controlplane.core.locks import advisory_lock
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.provisioning import services
+
+CHECK_EVERY_S = 1.0
+
+
+@shared_task(name="provisioning.provision_replica")
+def provision_replica(replica_id: int) -> str | None:
+    replica = services.launch(replica_id)
+    if replica is not None:
+        check_replica.apply_async((replica_id,), countdown=CHECK_EVERY_S)
+    return replica.state if replica is not None else None
+
+
+@shared_task(name="provisioning.check_replica")
+def check_replica(replica_id: int) -> str:
+    state = services.check(replica_id)
+    if state in (S.PROVISIONING, S.STARTING):
+        check_replica.apply_async((replica_id,), countdown=CHECK_EVERY_S)
+    return state
+
+
+@shared_task(name="provisioning.terminate_replica")
+def terminate_replica(replica_id: int, reason: str = "terminate requested") -> str:
+    return services.terminate(replica_id, reason=reason)
+
+
+@shared_task(name="provisioning.reconcile_replicas")
+def reconcile_replicas() -> dict[str, object]:
+    with advisory_lock("provisioning.reconcile") as acquired:
+        if not acquired:
+            return {"skipped": "another worker is reconciling"}
+        return services.reconcile().as_dict()

@@ -1,0 +1,1 @@
+"""Routing: the edge registry, table compilation, signing, pushing and drift detection."""

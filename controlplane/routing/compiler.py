@@ -1,0 +1,130 @@
+"""Compiles one edge's routing table (DESIGN §4) from plain views of the database. Pure.
+
+The service layer (routing/services.py) loads rows into these views; this module decides
+what an edge may see: which replicas, with which weight, at what network distance and price,
+and which tenants' key hashes with their rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.placement.geo import great_circle_km, rtt_ms
+
+# Draining replicas stay in the table with weight 0 so in-flight streams finish, but new
+# requests go elsewhere; degraded ones take a reduced share.
+STATE_WEIGHT = {"ready": 1.0, "degraded": 0.5, "draining": 0.0}
+
+
+@dataclass(frozen=True)
+class EdgeView:
+    name: str
+    region: str
+    latitude: float
+    longitude: float
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: str
+    model: str
+    region: str
+    jurisdiction: str
+    latitude: float
+    longitude: float
+    state: str
+    url: str
+    urls_by_region: Mapping[str, str] = field(default_factory=dict)
+    usd_per_mtok: float | None = None
+    max_inflight: int = 64
+    tier: str = "interactive"
+    tenant: str | None = None
+
+
+@dataclass(frozen=True)
+class TenantKeyView:
+    key_hash: str
+    tenant: str
+    jurisdictions: tuple[str, ...]
+    regions: tuple[str, ...]
+    rpm: int
+    tpm: int
+    models: tuple[str, ...]
+    tier: str
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    scorers: Mapping[str, float]
+    retry_before_first_byte: int
+    eject_after_failures: int
+    eject_base_s: float
+    aliases: Mapping[str, Any] = field(default_factory=dict)
+
+
+def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
+    km = great_circle_km(edge.latitude, edge.longitude, replica.latitude, replica.longitude)
+    entry: dict[str, Any] = {
+        "id": replica.id,
+        "url": replica.urls_by_region.get(edge.region, replica.url),
+        "region": replica.region,
+        "jurisdiction": replica.jurisdiction,
+        "weight": STATE_WEIGHT[replica.state],
+        "rtt_ms": round(rtt_ms(km), 2),
+        "usd_per_mtok": None if replica.usd_per_mtok is None else round(replica.usd_per_mtok, 4),
+        "max_inflight": replica.max_inflight,
+        "state": replica.state,
+        "tier": replica.tier,
+    }
+    if replica.tenant is not None:
+        entry["tenant"] = replica.tenant
+    return entry
+
+
+def compile_table(
+    edge: EdgeView,
+    replicas: Iterable[ReplicaView],
+    keys: Iterable[TenantKeyView],
+    policy: PolicyView,
+    *,
+    version: int,
+    issued_at: str,
+    key_id: str,
+) -> dict[str, Any]:
+    """The unsigned table for `edge`; sign it with routing.signing.sign_table."""
+    models: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for replica in sorted(replicas, key=lambda r: (r.model, r.id)):
+        if replica.state not in STATE_WEIGHT:
+            continue
+        models.setdefault(replica.model, {"replicas": []})["replicas"].append(
+            replica_entry(edge, replica)
+        )
+    tenants = {
+        key.key_hash: {
+            "tenant": key.tenant,
+            "jurisdictions": sorted(key.jurisdictions),
+            "regions": sorted(key.regions),
+            "rpm": key.rpm,
+            "tpm": key.tpm,
+            "models": sorted(key.models) or ["*"],
+            "tier": key.tier,
+        }
+        for key in keys
+    }
+    return {
+        "version": version,
+        "issued_at": issued_at,
+        "edge": edge.name,
+        "key_id": key_id,
+        "models": models,
+        "tenants": tenants,
+        "aliases": dict(policy.aliases),
+        "policy": {
+            "scorers": dict(policy.scorers),
+            "retry_before_first_byte": policy.retry_before_first_byte,
+            "eject_after_failures": policy.eject_after_failures,
+            "eject_base_s": policy.eject_base_s,
+        },
+    }

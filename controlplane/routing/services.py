@@ -1,0 +1,212 @@
+"""Routing services: compile each edge's table from the database, sign, store, push, ack.
+
+Versions come from one Postgres sequence, so they only grow — across edges, restarts and
+concurrent workers — and an edge can refuse anything not newer than what it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Prefetch
+from django.utils import timezone
+
+from controlplane.core.models import ApiKey, Tenant
+from controlplane.core.services import record_audit
+from controlplane.deployments.lifecycle import SERVING_STATES
+from controlplane.deployments.models import Replica, ReplicaState
+from controlplane.routing import compiler, signing
+from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
+from controlplane.routing.push import PushResult, PushTarget, push_all
+from regions.models import Region
+
+VERSION_SEQUENCE = "routing_table_version_seq"
+ROUTED_STATES = tuple(SERVING_STATES | {ReplicaState.DRAINING})
+
+
+def next_version() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(%s)", [VERSION_SEQUENCE])
+        return int(cursor.fetchone()[0])
+
+
+def current_policy() -> RoutingPolicy:
+    policy, _ = RoutingPolicy.objects.get_or_create(name="default")
+    return policy
+
+
+def policy_view(policy: RoutingPolicy) -> compiler.PolicyView:
+    return compiler.PolicyView(
+        scorers=policy.scorers, retry_before_first_byte=policy.retry_before_first_byte,
+        eject_after_failures=policy.eject_after_failures, eject_base_s=policy.eject_base_s,
+        aliases=policy.aliases,
+    )
+
+
+def replica_views() -> list[compiler.ReplicaView]:
+    rows = Replica.objects.filter(state__in=ROUTED_STATES).select_related(
+        "deployment__tenant", "region__cloud", "region__jurisdiction"
+    )
+    views = []
+    for replica in rows:
+        if not replica.url:
+            continue
+        data = replica.provider_handle.get("data", {}) if replica.provider_handle else {}
+        views.append(compiler.ReplicaView(
+            id=replica.public_id,
+            model=replica.deployment.served_model_name,
+            region=replica.region.key,
+            jurisdiction=replica.region.jurisdiction.code,
+            latitude=replica.region.latitude,
+            longitude=replica.region.longitude,
+            state=replica.state,
+            url=replica.url,
+            urls_by_region=data.get("urls_by_region", {}),
+            tier=replica.deployment.tier,
+            tenant=replica.deployment.tenant.name if replica.deployment.tenant_id else None,
+        ))
+    return views
+
+
+def key_views() -> list[compiler.TenantKeyView]:
+    keys = ApiKey.objects.filter(revoked_at__isnull=True).select_related("tenant").prefetch_related(
+        Prefetch("tenant", Tenant.objects.prefetch_related(
+            "allowed_jurisdictions",
+            Prefetch("allowed_regions", Region.objects.select_related("cloud")),
+        ))
+    )
+    return [
+        compiler.TenantKeyView(
+            key_hash=key.key_hash,
+            tenant=key.tenant.name,
+            jurisdictions=tuple(j.code for j in key.tenant.allowed_jurisdictions.all()),
+            regions=tuple(r.key for r in key.tenant.allowed_regions.all()),
+            rpm=key.tenant.rpm_limit,
+            tpm=key.tenant.tpm_limit,
+            models=tuple(key.allowed_models or ["*"]),
+            tier=key.tier,
+        )
+        for key in keys
+    ]
+
+
+def edge_view(edge: Edge) -> compiler.EdgeView:
+    return compiler.EdgeView(edge.name, edge.region.key, edge.region.latitude, edge.region.longitude)
+
+
+def _content_hash(table: dict[str, Any]) -> str:
+    """Hash of what an edge would act on: everything but version, time and signature."""
+    stable = {k: v for k, v in table.items() if k not in ("version", "issued_at", "signature")}
+    return signing.payload_hash(stable)
+
+
+@transaction.atomic
+def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> list[RoutingTable]:
+    """Compile, sign and store a table for each edge whose content changed (or all, if forced).
+
+    Returns the newest table of every edge considered, new or not.
+    """
+    edges = list(edges) if edges is not None else list(
+        Edge.objects.filter(enabled=True).select_related("region__cloud")
+    )
+    if not edges:
+        return []
+    replicas, keys, policy = replica_views(), key_views(), policy_view(current_policy())
+    latest = {t.edge_id: t for t in _latest_tables([e.pk for e in edges])}
+    version = next_version()
+    issued_at = timezone.now().isoformat()
+    kid = signing.key_id()
+    result = []
+    for edge in edges:
+        table = compiler.compile_table(
+            edge_view(edge), replicas, keys, policy, version=version, issued_at=issued_at,
+            key_id=kid,
+        )
+        previous = latest.get(edge.pk)
+        if previous is not None and not force and _content_hash(previous.payload) == _content_hash(table):
+            result.append(previous)
+            continue
+        signed = signing.sign(table)
+        result.append(RoutingTable.objects.create(
+            edge=edge, version=version, payload=signed, payload_hash=signing.payload_hash(signed)
+        ))
+    return result
+
+
+def _latest_tables(edge_ids: list[int]) -> list[RoutingTable]:
+    return list(
+        RoutingTable.objects.filter(edge_id__in=edge_ids).order_by("edge_id", "-version")
+        .distinct("edge_id")
+    )
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    version: int | None
+    results: list[PushResult]
+
+    @property
+    def acked(self) -> int:
+        return sum(1 for r in self.results if r.acked)
+
+
+def push_tables(tables: list[RoutingTable], timeout_s: float = 2.0) -> list[PushResult]:
+    edges = {e.pk: e for e in Edge.objects.filter(pk__in=[t.edge_id for t in tables])}
+    targets = [
+        PushTarget(edges[t.edge_id].name, edges[t.edge_id].admin_url,
+                   signing.canonical_bytes(t.payload), t.version)
+        for t in tables
+    ]
+    results = push_all(targets, timeout_s)
+    record_push_results(results)
+    return results
+
+
+def record_push_results(results: list[PushResult]) -> None:
+    now = timezone.now()
+    for result in results:
+        if result.acked:
+            Edge.objects.filter(name=result.edge).update(
+                last_acked_version=result.version, last_acked_at=now, last_seen_at=now,
+                last_error="",
+            )
+        else:
+            Edge.objects.filter(name=result.edge).update(last_error=result.detail[:1000])
+
+
+def publish(edges: Iterable[Edge] | None = None, force: bool = False, reason: str = "") -> PublishReport:
+    """Compile what changed and push each edge whatever it has not acked yet."""
+    tables = compile_tables(edges, force=force)
+    behind = [t for t in tables if _acked_version(t.edge_id) != t.version]
+    results = push_tables(behind) if behind else []
+    version = max((t.version for t in tables), default=None)
+    if results:
+        failed = [r.edge for r in results if not r.acked]
+        record_audit(
+            "system:routing", "tables.push", object_type="routing.routingtable",
+            object_id=str(version),
+            changes={"edges": len(results), "acked": len(results) - len(failed), "failed": failed},
+            reason=reason or "routing inputs changed",
+        )
+    return PublishReport(version, results)
+
+
+def _acked_version(edge_id: int) -> int | None:
+    return Edge.objects.filter(pk=edge_id).values_list("last_acked_version", flat=True).first()
+
+
+def edges_behind() -> list[Edge]:
+    """Enabled edges whose acked version is older than their newest table (drift)."""
+    latest = {t.edge_id: t.version for t in _latest_tables(
+        list(Edge.objects.filter(enabled=True).values_list("pk", flat=True)))}
+    return [
+        edge for edge in Edge.objects.filter(pk__in=latest.keys()).select_related("region__cloud")
+        if edge.last_acked_version is None or edge.last_acked_version < latest[edge.pk]
+    ]
+
+
+def latest_table(edge: Edge) -> RoutingTable | None:
+    return RoutingTable.objects.filter(edge=edge).order_by("-version").first()

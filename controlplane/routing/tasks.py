@@ -1,0 +1,37 @@
+"""Routing tasks: the debounced push after changes, and the periodic drift check."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from controlplane.core.locks import advisory_lock
+from controlplane.routing import services
+from controlplane.routing.signals import PENDING_KEY
+
+
+@shared_task(name="routing.publish_tables")
+def publish_tables(force: bool = False) -> dict[str, int | None]:
+    from controlplane.core.status import redis_client
+
+    redis_client().delete(PENDING_KEY)
+    with advisory_lock("routing.publish") as acquired:
+        if not acquired:
+            # Another worker is publishing; make sure our change is not lost.
+            publish_tables.apply_async(countdown=0.5)
+            return {"version": None, "edges": 0}
+        report = services.publish(force=force)
+    return {"version": report.version, "edges": len(report.results), "acked": report.acked}
+
+
+@shared_task(name="routing.check_drift")
+def check_drift() -> dict[str, int]:
+    with advisory_lock("routing.publish") as acquired:
+        if not acquired:
+            return {"behind": -1}
+        behind = services.edges_behind()
+        if behind:
+            tables = [t for t in (services.latest_table(e) for e in behind) if t is not None]
+            services.push_tables(tables)
+        # Content may have changed without a signal (e.g. an edge added by hand in SQL).
+        services.publish(reason="periodic drift check")
+    return {"behind": len(behind)}

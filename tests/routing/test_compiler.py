@@ -1,0 +1,84 @@
+"""The table compiler: what each edge sees, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.placement.geo import great_circle_km, rtt_ms
+from controlplane.routing.compiler import (
+    EdgeView,
+    PolicyView,
+    ReplicaView,
+    TenantKeyView,
+    compile_table,
+)
+
+FRANKFURT = (50.11, 8.68)
+VIRGINIA = (38.95, -77.45)
+POLICY = PolicyView({"latency": 1.0, "load": 2.0}, 2, 2, 1.0, {"auto": {"default": "m"}})
+EDGE_EU = EdgeView("edge-eu", "local:eu-frankfurt", *FRANKFURT)
+
+
+def replica(rid: str, state: str = "ready", lat_lon=FRANKFURT, **kw) -> ReplicaView:  # type: ignore[no-untyped-def]
+    return ReplicaView(
+        id=rid, model=kw.pop("model", "llama"), region=kw.pop("region", "local:eu-frankfurt"),
+        jurisdiction=kw.pop("jurisdiction", "EU"), latitude=lat_lon[0], longitude=lat_lon[1],
+        state=state, url=f"http://127.0.0.1:9/{rid}", **kw,
+    )
+
+
+def compile_for(edge: EdgeView, replicas: list[ReplicaView], keys=()):  # type: ignore[no-untyped-def]
+    return compile_table(edge, replicas, list(keys), POLICY, version=7, issued_at="t", key_id="k")
+
+
+def test_frankfurt_to_virginia_rtt_is_about_seventy_ms():
+    km = great_circle_km(*FRANKFURT, *VIRGINIA)
+    assert 6400 < km < 6600
+    assert 63 < rtt_ms(km) < 66
+
+
+@pytest.mark.parametrize(
+    ("state", "expected_weight", "why"),
+    [
+        ("ready", 1.0, "ready replicas take full share"),
+        ("degraded", 0.5, "degraded replicas take half"),
+        ("draining", 0.0, "draining replicas finish in-flight work but get nothing new"),
+        ("starting", None, "not-yet-ready replicas are left out"),
+        ("failed", None, "failed replicas are left out"),
+    ],
+)
+def test_state_decides_presence_and_weight(state, expected_weight, why):  # type: ignore[no-untyped-def]
+    table = compile_for(EDGE_EU, [replica("r-1", state)])
+    entries = table["models"].get("llama", {"replicas": []})["replicas"]
+    if expected_weight is None:
+        assert entries == [], why
+    else:
+        assert entries[0]["weight"] == expected_weight, why
+
+
+def test_edge_gets_the_url_for_its_own_region_and_rtt_from_it():
+    far = replica("r-2", lat_lon=VIRGINIA, region="local:us-virginia", jurisdiction="US",
+                  urls_by_region={"local:eu-frankfurt": "http://127.0.0.1:7001"})
+    entry = compile_for(EDGE_EU, [far])["models"]["llama"]["replicas"][0]
+    assert entry["url"] == "http://127.0.0.1:7001"
+    assert 63 < entry["rtt_ms"] < 66
+    assert entry["jurisdiction"] == "US"
+
+
+def test_tenants_are_keyed_by_hash_with_their_rules():
+    key = TenantKeyView("ab" * 32, "acme", ("EU",), ("aws:eu-central-1",), 60, 1000, (), "batch")
+    table = compile_for(EDGE_EU, [], [key])
+    assert table["tenants"]["ab" * 32] == {
+        "tenant": "acme", "jurisdictions": ["EU"], "regions": ["aws:eu-central-1"], "rpm": 60,
+        "tpm": 1000, "models": ["*"], "tier": "batch",
+    }
+    assert table["policy"]["scorers"] == {"latency": 1.0, "load": 2.0}
+    assert table["aliases"] == {"auto": {"default": "m"}}
+    assert (table["version"], table["edge"]) == (7, "edge-eu")
+
+
+def test_dedicated_replicas_name_their_tenant():
+    entry = compile_for(EDGE_EU, [replica("r-3", tenant="acme")])["models"]["llama"]["replicas"][0]
+    assert entry["tenant"] == "acme"
+    shared = compile_for(EDGE_EU, [replica("r-4")])["models"]["llama"]["replicas"][0]
+    assert "tenant" not in shared

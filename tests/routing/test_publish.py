@@ -1,0 +1,102 @@
+"""Compiling, signing, pushing and acking tables; drift; the pull endpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.core.models import Role
+from controlplane.core.services import issue_api_key
+from controlplane.deployments.models import Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.routing import services
+from controlplane.routing.models import Edge, RoutingTable
+from tests.api.test_endpoints_crud import make_deployment
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(catalog, tenants, admin_endpoints):  # type: ignore[no-untyped-def]
+    fx = {**catalog, **tenants}
+    deployment = make_deployment(fx, "chat")
+    Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
+                           url="http://127.0.0.1:9101")
+    Replica.objects.create(deployment=deployment, region=catalog["ams"], state=S.STARTING,
+                           url="http://127.0.0.1:9102")
+    issue_api_key(tenants["acme"], "web", "interactive")
+    edges = [
+        Edge.objects.create(name=f"edge-{i}", region=region, admin_url=endpoint.url)
+        for i, (region, endpoint) in enumerate(
+            zip([catalog["fra"], catalog["iad"], catalog["ams"]], admin_endpoints, strict=True))
+    ]
+    return {**fx, "deployment": deployment, "edges": edges, "endpoints": admin_endpoints}
+
+
+def test_publish_pushes_signed_tables_to_every_edge(fleet):  # type: ignore[no-untyped-def]
+    report = services.publish()
+    assert report.acked == 3
+    for endpoint, edge in zip(fleet["endpoints"], fleet["edges"], strict=True):
+        table = endpoint.received[-1]
+        assert table["edge"] == edge.name
+        replicas = table["models"]["llama-3.1-8b"]["replicas"]
+        assert [r["state"] for r in replicas] == ["ready"], "starting replicas are not routed"
+        assert len(table["tenants"]) == 1
+        edge.refresh_from_db()
+        assert edge.last_acked_version == table["version"] == report.version
+
+
+def test_unchanged_inputs_push_nothing_new(fleet):  # type: ignore[no-untyped-def]
+    first = services.publish()
+    second = services.publish()
+    assert second.results == []
+    assert second.version == first.version
+    assert RoutingTable.objects.count() == 3
+
+
+def test_a_change_gets_a_newer_version(fleet):  # type: ignore[no-untyped-def]
+    first = services.publish()
+    Replica.objects.filter(state=S.STARTING).update(state=S.READY)
+    second = services.publish()
+    assert second.version > first.version
+    assert all(len(e.received[-1]["models"]["llama-3.1-8b"]["replicas"]) == 2
+               for e in fleet["endpoints"])
+
+
+def test_edge_that_was_down_is_caught_up_by_drift_check(fleet):  # type: ignore[no-untyped-def]
+    from controlplane.routing.tasks import check_drift
+
+    down = fleet["endpoints"][1]
+    down.up = False
+    report = services.publish()
+    assert report.acked == 2
+    edge = Edge.objects.get(name="edge-1")
+    assert edge.last_acked_version is None
+    assert edge.last_error == "down for the test"
+    assert [e.name for e in services.edges_behind()] == ["edge-1"]
+    down.up = True
+    check_drift()
+    assert services.edges_behind() == []
+    assert down.received[-1]["version"] == report.version
+
+
+def test_pull_endpoint_answers_304_when_unchanged(fleet, make_client):  # type: ignore[no-untyped-def]
+    services.publish()
+    client = make_client(Role.VIEWER)
+    first = client.get("/api/v1/edges/edge-0/table")
+    assert first.status_code == 200
+    etag = first.headers["ETag"]
+    assert client.get("/api/v1/edges/edge-0/table", HTTP_IF_NONE_MATCH=etag).status_code == 304
+    assert client.get("/api/v1/edges/nowhere/table").status_code == 404
+
+
+def test_signing_refuses_a_missing_key(db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    from django.core.exceptions import ImproperlyConfigured
+
+    from controlplane.routing import signing
+
+    monkeypatch.setenv("MERIDIAN_SIGNING_KEY_FILE", str(tmp_path / "absent.pem"))
+    monkeypatch.delenv("MERIDIAN_SIGNING_KEY", raising=False)
+    signing.signing_key.cache_clear()
+    with pytest.raises(ImproperlyConfigured, match="generate_signing_key"):
+        signing.signing_key()
+    signing.signing_key.cache_clear()
