@@ -61,6 +61,9 @@ class RoutingTable(models.Model):
     version = models.BigIntegerField()
     payload = models.JSONField()
     payload_hash = models.CharField(max_length=64)
+    content_hash = models.CharField(
+        max_length=64, default="", help_text="Hash of the payload less version, time, signature."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
