@@ -42,8 +42,10 @@ INSTALLED_APPS = [
     "controlplane.core",
     "regions",
     "controlplane.deployments",
+    "controlplane.placement",
     "controlplane.provisioning",
     "controlplane.routing",
+    "controlplane.telemetry",
     "controlplane.api",
 ]
 

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import routing_views, views
+from controlplane.api import plan_views, routing_views, views
 
 router = DefaultRouter()
 router.register("clouds", views.CloudViewSet)
@@ -20,6 +20,7 @@ router.register("replicas", views.ReplicaViewSet)
 router.register("audit-log", views.AuditLogViewSet)
 router.register("edges", routing_views.EdgeViewSet)
 router.register("routing-policy", routing_views.RoutingPolicyViewSet)
+router.register("plans", plan_views.PlanViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),

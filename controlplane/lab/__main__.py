@@ -17,6 +17,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--web-port", type=int, default=int(os.environ.get("MERIDIAN_WEB_PORT", 8000)))
     parser.add_argument("--var-dir", type=Path, default=backing.VAR_DIR)
+    parser.add_argument("--edge-port", type=int, default=8100,
+                        help="first edge's client port; admin ports start 10 higher")
+    parser.add_argument("--replicas-per-region", type=int, default=1)
+    parser.add_argument("--no-fleet", action="store_true",
+                        help="control plane only: no local replicas, no edges")
     return parser.parse_args(argv)
 
 
@@ -44,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     say("migrating, seeding the catalog and schedules, collecting static files")
     creds = prepare(args.var_dir)
+    os.environ["MERIDIAN_VAR_DIR"] = str(args.var_dir)
+    key_file = args.var_dir / "keys" / "signing-key.pem"
+    os.environ["MERIDIAN_SIGNING_KEY_FILE"] = str(key_file)
+    if not key_file.exists():
+        from controlplane.routing.signing import generate_key_files
+
+        generate_key_files(key_file)
+        say(f"  generated the table-signing key {key_file}")
 
     from controlplane.lab.processes import ProcessGroup
 
@@ -59,6 +72,17 @@ def main(argv: list[str] | None = None) -> int:
                          "INFO", "--schedule", str(args.var_dir / "lab" / "celerybeat-schedule")])
 
     base = f"http://{bind}"
+    edges = []
+    if not args.no_fleet:
+        from controlplane.lab.fleet import edge_argv, ensure_fleet, lab_edges
+
+        edges = lab_edges(args.edge_port)
+        say(f"starting {len(edges)} edges and {args.replicas_per_region} replica(s) per region")
+        ensure_fleet(edges, args.replicas_per_region, actor="lab")
+        token_file = args.var_dir / "lab" / "admin-token"
+        for edge in edges:
+            group.start(edge.name, edge_argv(python, edge, args.var_dir,
+                                             key_file.with_suffix(".pub.pem"), base, token_file))
     print(
         f"""
   Meridian lab is up.
@@ -68,11 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     API token   {creds.api_token}
     Demo key    {creds.demo_api_key}   (tenant 'demo', for the edges)
     Logs        {group.log_dir}/
+    Edges       {" ".join(f"{e.name}={e.url}" for e in edges) or "(none: --no-fleet)"}
 
   Try:
     curl -s -H "Authorization: Bearer {creds.api_token}" {base}/api/v1/status/
     curl -s -H "Authorization: Bearer {creds.api_token}" "{base}/api/v1/offers/?gpu=H100&jurisdiction=EU&ordering=on_demand_usd_h"
 
+{_edge_curl(edges, creds.demo_api_key)}
   Ctrl-C stops everything.
 """,
         flush=True,
@@ -98,6 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     group.stop()
     say("stopped")
     return code
+
+
+def _edge_curl(edges: list, key: str) -> str:  # type: ignore[type-arg]
+    if not edges:
+        return ""
+    body = ('{"model": "llama-3.1-8b", "stream": true, '
+            '"messages": [{"role": "user", "content": "Where are you served from?"}]}')
+    return (f"    curl -N {edges[0].url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+            f"-H 'Content-Type: application/json' -d '{body}'\n")
 
 
 def _redact(url: str) -> str:

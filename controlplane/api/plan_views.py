@@ -1,0 +1,114 @@
+"""API for placement plans: propose, read with reasons, approve, apply, reject."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.fields import RegionKeyField
+from controlplane.core.models import Role
+from controlplane.core.services import principal_for
+from controlplane.deployments.models import Deployment
+from controlplane.placement import plans
+from controlplane.placement.models import Plan, PlanChange
+
+
+class PlanChangeSerializer(serializers.ModelSerializer):
+    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    region = RegionKeyField(read_only=True)
+    offer = serializers.StringRelatedField()
+
+    class Meta:
+        model = PlanChange
+        fields = ["id", "deployment", "action", "region", "offer", "count", "spot",
+                  "usd_h_delta", "reason", "replica_ids"]
+        read_only_fields = fields
+
+
+class PlanSerializer(serializers.ModelSerializer):
+    changes = PlanChangeSerializer(many=True, read_only=True)
+    saving_usd_h = serializers.FloatField(read_only=True)
+
+    class Meta:
+        model = Plan
+        fields = ["id", "status", "trigger", "scope", "explanation", "cost_before_usd_h",
+                  "cost_after_usd_h", "saving_usd_h", "solver", "proposed_by", "created_at",
+                  "reviewed_by", "reviewed_at", "applied_at", "changes", "inputs", "log"]
+        read_only_fields = fields
+
+
+class ProposeRequest(serializers.Serializer):
+    deployments = serializers.SlugRelatedField(
+        slug_field="name", queryset=Deployment.objects.all(), many=True, required=False,
+        help_text="Deployments to plan; omit for all.",
+    )
+
+
+class ReviewRequest(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, default="")
+
+
+class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                  viewsets.GenericViewSet):
+    """Plans are platform-wide: every role reads them; operators propose and review."""
+
+    write_role = Role.OPERATOR
+    platform_only_writes = True
+    queryset = Plan.objects.prefetch_related(
+        Prefetch("changes", PlanChange.objects.select_related(
+            "deployment", "region__cloud", "offer__region__cloud", "offer__gpu_type"))
+    )
+    serializer_class = PlanSerializer
+    filterset_fields = ["status", "trigger"]
+    ordering_fields = ["created_at"]
+
+    def _actor(self, request: Request) -> str:
+        return principal_for(request.user).username
+
+    @extend_schema(request=ProposeRequest, responses={201: PlanSerializer})
+    @action(detail=False, methods=["post"])
+    def propose(self, request: Request) -> Response:
+        """Run the solver over some or all deployments and store the result as a plan."""
+        from controlplane.placement.proposals import propose_plan
+
+        body = ProposeRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        plan = propose_plan(body.validated_data.get("deployments"), actor=self._actor(request),
+                            trigger="manual")
+        return Response(PlanSerializer(self.get_queryset().get(pk=plan.pk)).data,
+                        status=status.HTTP_201_CREATED)
+
+    def _review(self, request: Request, step: Any, *args: Any) -> Response:
+        body = ReviewRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        plan = self.get_object()
+        try:
+            step(plan.pk, self._actor(request), *args)
+        except plans.PlanStateError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(PlanSerializer(self.get_queryset().get(pk=plan.pk)).data)
+
+    @extend_schema(request=ReviewRequest, responses=PlanSerializer)
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: Any = None) -> Response:
+        return self._review(request, plans.approve)
+
+    @extend_schema(request=ReviewRequest, responses=PlanSerializer)
+    @action(detail=True, methods=["post"])
+    def apply(self, request: Request, pk: Any = None) -> Response:
+        """Start make-before-break: new replicas first, removals once they are ready."""
+        return self._review(request, plans.start_apply)
+
+    @extend_schema(request=ReviewRequest, responses=PlanSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: Any = None) -> Response:
+        body = ReviewRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        return self._review(request, plans.reject, body.validated_data["reason"])

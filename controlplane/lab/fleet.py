@@ -1,0 +1,100 @@
+"""The lab's fleet: local regions, a demo deployment with replicas in each, and edges.
+
+Replicas are launched the way production launches them — pending rows that the Celery
+worker provisions through the LocalProvider — so the lab exercises the real control path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import transaction
+
+from controlplane.core.models import Tenant
+from controlplane.deployments.lifecycle import LIVE_STATES
+from controlplane.deployments.models import Deployment, Model
+from controlplane.lab.regions import LAB_REGIONS, ensure_lab_regions
+from controlplane.routing.models import Edge
+from regions.models import Jurisdiction, Region
+
+DEMO_DEPLOYMENT = "demo-chat"
+DEMO_MODEL = "llama-3.1-8b-instruct"
+DEMO_SERVED_NAME = "llama-3.1-8b"
+
+
+@dataclass(frozen=True)
+class LabEdge:
+    name: str
+    region: str  # local:<code>
+    port: int
+    admin_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+
+def lab_edges(base_port: int) -> list[LabEdge]:
+    """Two edges, in the first two lab regions (Europe and North America)."""
+    return [
+        LabEdge(f"edge-{lab.code.split('-')[0]}", f"local:{lab.code}", base_port + i,
+                base_port + 10 + i)
+        for i, lab in enumerate(LAB_REGIONS[:2])
+    ]
+
+
+@transaction.atomic
+def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str) -> Deployment:
+    """Regions, the demo deployment (shared), its replicas, and the edge registry rows."""
+    from controlplane.provisioning.services import request_replicas
+
+    regions = ensure_lab_regions()
+    deployment, created = Deployment.objects.get_or_create(
+        name=DEMO_DEPLOYMENT,
+        defaults={
+            "served_model_name": DEMO_SERVED_NAME,
+            "model": Model.objects.get(name=DEMO_MODEL),
+            "min_replicas": replicas_per_region * len(regions),
+            "max_replicas": max(8, replicas_per_region * len(regions) * 2),
+            "spread_regions": len(regions),
+            "slo_ttft_p95_ms": 800,
+            "slo_itl_p95_ms": 50,
+            "max_model_len": 8192,
+            "demand_tokens_per_s": 2000,
+        },
+    )
+    if created:
+        deployment.allowed_jurisdictions.set(
+            Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))
+        deployment.user_regions.set(regions)
+    for region in regions:
+        live = deployment.replicas.filter(region=region, state__in=LIVE_STATES).count()
+        if live < replicas_per_region:
+            request_replicas(deployment, region, replicas_per_region - live, actor=actor,
+                             reason="lab start")
+    for edge in edges:
+        cloud, code = edge.region.split(":")
+        Edge.objects.update_or_create(
+            name=edge.name,
+            defaults={"region": Region.objects.get(cloud__name=cloud, code=code),
+                      "admin_url": edge.admin_url, "public_url": edge.url, "enabled": True},
+        )
+    demo = Tenant.objects.get(name="demo")
+    demo.allowed_jurisdictions.add(*{r.jurisdiction for r in regions})
+    return deployment
+
+
+def edge_argv(python: str, edge: LabEdge, var_dir: Path, public_key: Path,
+              control_plane: str, token_file: Path) -> list[str]:
+    return [
+        python, "-m", "edge", "--name", edge.name, "--region", edge.region,
+        "--listen", f"127.0.0.1:{edge.port}", "--admin-listen", f"127.0.0.1:{edge.admin_port}",
+        "--state-dir", str(var_dir / "lab" / "edges" / edge.name),
+        "--public-key", str(public_key), "--control-plane", control_plane,
+        "--control-plane-token-file", str(token_file),
+    ]

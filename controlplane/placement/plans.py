@@ -1,0 +1,128 @@
+"""A plan's life after the solver: approve, reject, apply make-before-break, finish.
+
+Applying adds the new replicas first; removals are drained only once every added replica
+is ready, so capacity never dips below what the deployment had. Status changes are
+conditional updates, so two operators clicking at once act once.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.core.services import record_audit
+from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
+from controlplane.deployments.models import Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+
+
+class PlanStateError(Exception):
+    """The plan is not in a state that allows this action."""
+
+
+def _move(plan_id: int, allowed: tuple[str, ...], to: str, **fields: object) -> Plan:
+    moved = Plan.objects.filter(pk=plan_id, status__in=allowed).update(status=to, **fields)
+    plan = Plan.objects.get(pk=plan_id)
+    if moved != 1:
+        raise PlanStateError(
+            f"plan {plan_id} is {plan.status}; this needs it to be {' or '.join(allowed)}"
+        )
+    return plan
+
+
+@transaction.atomic
+def approve(plan_id: int, actor: str) -> Plan:
+    plan = _move(plan_id, (PlanStatus.PROPOSED,), PlanStatus.APPROVED,
+                 reviewed_by=actor, reviewed_at=timezone.now())
+    record_audit(actor, "plan.approve", plan, reason=f"saves ${plan.saving_usd_h:.2f}/h")
+    return plan
+
+
+@transaction.atomic
+def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
+    plan = _move(plan_id, (PlanStatus.PROPOSED, PlanStatus.APPROVED), PlanStatus.REJECTED,
+                 reviewed_by=actor, reviewed_at=timezone.now())
+    record_audit(actor, "plan.reject", plan, reason=reason or "rejected")
+    return plan
+
+
+@transaction.atomic
+def start_apply(plan_id: int, actor: str) -> Plan:
+    """approved → applying: request every added replica now; removals wait for them."""
+    from controlplane.provisioning.services import request_replicas
+
+    plan = _move(plan_id, (PlanStatus.APPROVED,), PlanStatus.APPLYING)
+    record_audit(actor, "plan.apply", plan, reason="make-before-break: adds first")
+    adds = plan.changes.filter(action=ChangeAction.ADD).select_related(
+        "deployment", "region__cloud", "offer"
+    )
+    for change in adds:
+        made = request_replicas(
+            change.deployment, change.region, change.count, actor=actor,
+            reason=f"plan {plan.pk}: {change.reason}", spot=change.spot, offer=change.offer,
+        )
+        change.replica_ids = [r.pk for r in made]
+        change.save(update_fields=["replica_ids"])
+    transaction.on_commit(lambda: _schedule_advance(plan.pk))
+    return plan
+
+
+def _schedule_advance(plan_id: int, countdown: float = 1.0) -> None:
+    from controlplane.placement.tasks import advance_plan
+
+    advance_plan.apply_async((plan_id,), countdown=countdown)
+
+
+def advance(plan_id: int) -> str:
+    """Drive an applying plan: wait for adds to be ready, then drain the removals.
+
+    Returns the plan's status; the caller re-schedules while it is still applying.
+    """
+    plan = Plan.objects.get(pk=plan_id)
+    if plan.status != PlanStatus.APPLYING:
+        return plan.status
+    added = [pk for change in plan.changes.filter(action=ChangeAction.ADD)
+             for pk in change.replica_ids]
+    states = dict(Replica.objects.filter(pk__in=added).values_list("pk", "state"))
+    if any(states.get(pk) in (S.FAILED, S.TERMINATED) for pk in added):
+        failed = [f"r-{pk}" for pk in added if states.get(pk) in (S.FAILED, S.TERMINATED)]
+        Plan.objects.filter(pk=plan_id).update(
+            status=PlanStatus.FAILED, log=plan.log + f"added replicas failed: {failed}\n")
+        record_audit("system:placement", "plan.failed", plan,
+                     reason=f"new replicas failed ({', '.join(failed)}); removals not started")
+        return PlanStatus.FAILED
+    if any(states.get(pk) not in SERVING_STATES for pk in added):
+        return PlanStatus.APPLYING
+    with transaction.atomic():
+        for change in plan.changes.filter(action=ChangeAction.REMOVE).select_related("deployment"):
+            drained = _drain_for_change(change, plan)
+            change.replica_ids = drained
+            change.save(update_fields=["replica_ids"])
+        Plan.objects.filter(pk=plan_id).update(status=PlanStatus.APPLIED,
+                                               applied_at=timezone.now())
+        record_audit("system:placement", "plan.applied", plan,
+                     reason="added replicas ready; removals draining")
+    return PlanStatus.APPLIED
+
+
+def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
+    from controlplane.api.deployment_actions import DRAIN_DEADLINE_S
+    from controlplane.provisioning.services import drain
+    from controlplane.provisioning.tasks import terminate_replica
+
+    candidates = Replica.objects.filter(
+        deployment=change.deployment, region=change.region, state__in=LIVE_STATES,
+        spot=change.spot,
+    ).exclude(state=S.DRAINING)
+    if change.offer_id:
+        candidates = candidates.filter(offer_id=change.offer_id)
+    chosen = list(candidates.order_by("created_at")[: change.count])
+    reason = f"plan {plan.pk}: {change.reason}"
+    for replica in chosen:
+        if replica.state in SERVING_STATES:
+            drain(replica.pk, actor="system:placement", reason=reason)
+        transaction.on_commit(
+            lambda pk=replica.pk: terminate_replica.apply_async((pk, reason),
+                                                                countdown=DRAIN_DEADLINE_S))
+    return [r.pk for r in chosen]

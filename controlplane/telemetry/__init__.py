@@ -1,0 +1,1 @@
+"""Telemetry: metrics sources (direct scrape, Prometheus), stored samples, windowed stats."""

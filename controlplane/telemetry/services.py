@@ -1,0 +1,133 @@
+"""Telemetry services: scrape and store samples, windowed stats, Prometheus file SD targets."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from controlplane.deployments.lifecycle import SERVING_STATES
+from controlplane.deployments.models import Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
+from controlplane.telemetry.models import ReplicaSample
+from controlplane.telemetry.sources import PrometheusSource, ReplicaStats, scrape_all
+
+RETENTION = timedelta(hours=6)
+SCRAPED_STATES = tuple(SERVING_STATES | {S.DRAINING, S.STARTING})
+
+
+def scrape_targets() -> dict[int, str]:
+    rows = Replica.objects.filter(state__in=SCRAPED_STATES).exclude(url="")
+    return dict(rows.values_list("pk", "url"))
+
+
+def collect(now: Any = None) -> int:
+    """Scrape every replica once and store a sample each; returns how many were up."""
+    now = now or timezone.now()
+    targets = scrape_targets()
+    results = scrape_all({str(pk): url for pk, url in targets.items()})
+    samples = []
+    for key, scrape in results.items():
+        snap = scrape.snapshot
+        samples.append(ReplicaSample(
+            replica_id=int(key), at=now, up=snap is not None, error=scrape.error,
+            running=snap.running if snap else 0.0, waiting=snap.waiting if snap else 0.0,
+            kv_usage=snap.kv_usage if snap else 0.0,
+            counters=snap.counters if snap else {}, buckets=snap.buckets if snap else {},
+        ))
+    ReplicaSample.objects.bulk_create(samples)
+    ReplicaSample.objects.filter(at__lt=now - RETENTION).delete()
+    return sum(1 for s in samples if s.up)
+
+
+def stats_between(newer: ReplicaSample, older: ReplicaSample | None) -> ReplicaStats:
+    """Rates and p95s over the interval between two samples of one replica. Pure."""
+    if not newer.up:
+        return ReplicaStats(up=False, error=newer.error)
+    ttft = itl = None
+    prompt_tps = generation_tps = 0.0
+    if older is not None and older.up and newer.at > older.at:
+        seconds = (newer.at - older.at).total_seconds()
+        ttft = histogram_quantile(0.95, bucket_delta(newer.buckets.get("ttft", {}),
+                                                     older.buckets.get("ttft", {})))
+        itl = histogram_quantile(0.95, bucket_delta(newer.buckets.get("itl", {}),
+                                                    older.buckets.get("itl", {})))
+        prompt_tps = _rate(newer.counters, older.counters, "prompt_tokens", seconds)
+        generation_tps = _rate(newer.counters, older.counters, "generation_tokens", seconds)
+    return ReplicaStats(
+        up=True, running=newer.running, waiting=newer.waiting, kv_usage=newer.kv_usage,
+        ttft_p95_s=ttft, itl_p95_s=itl, prompt_tps=prompt_tps, generation_tps=generation_tps,
+    )
+
+
+def _rate(newer: Mapping[str, float], older: Mapping[str, float], key: str, seconds: float) -> float:
+    delta = newer.get(key, 0.0) - older.get(key, 0.0)
+    if delta < 0:  # the engine restarted: count from zero
+        delta = newer.get(key, 0.0)
+    return delta / seconds if seconds > 0 else 0.0
+
+
+class DirectScrapeSource:
+    """The embedded source: windows over the samples `collect` stores in Postgres."""
+
+    def replica_stats(self, targets: Mapping[str, str], window_s: int) -> dict[str, ReplicaStats]:
+        ids = [int(t) for t in targets]
+        latest = {s.replica_id: s for s in _latest_samples(ids)}
+        cutoff = timezone.now() - timedelta(seconds=window_s)
+        older = {s.replica_id: s for s in _latest_samples(ids, before=cutoff)}
+        stats: dict[str, ReplicaStats] = {}
+        for rid in ids:
+            newest = latest.get(rid)
+            stats[str(rid)] = (stats_between(newest, older.get(rid)) if newest
+                               else ReplicaStats(up=False, error="no sample yet"))
+        return stats
+
+
+def _latest_samples(replica_ids: list[int], before: Any = None) -> list[ReplicaSample]:
+    rows = ReplicaSample.objects.filter(replica_id__in=replica_ids)
+    if before is not None:
+        rows = rows.filter(at__lte=before)
+    newest = rows.filter(replica_id=OuterRef("replica_id")).order_by("-at").values("pk")[:1]
+    return list(ReplicaSample.objects.filter(pk__in=Subquery(
+        rows.order_by().values("replica_id").annotate(newest=Subquery(newest)).values("newest")
+    )))
+
+
+def metrics_source() -> DirectScrapeSource | PrometheusSource:
+    url = os.environ.get("PROMETHEUS_URL")
+    return PrometheusSource(url) if url else DirectScrapeSource()
+
+
+def write_prometheus_targets(directory: Path | None = None) -> Path:
+    """File-based service discovery for Prometheus: one JSON file of replica targets."""
+    from controlplane.routing.models import Edge
+
+    directory = directory or settings.VAR_DIR / "prometheus" / "targets"
+    directory.mkdir(parents=True, exist_ok=True)
+    replicas = Replica.objects.filter(state__in=SCRAPED_STATES).exclude(url="").select_related(
+        "deployment", "region__cloud")
+    groups = [
+        {"targets": [r.url.split("://", 1)[-1].rstrip("/")],
+         "labels": {"replica": str(r.pk), "deployment": r.deployment.name,
+                    "region": r.region.key}}
+        for r in replicas
+    ]
+    edges = [
+        {"targets": [e.admin_url.split("://", 1)[-1].rstrip("/")],
+         "labels": {"edge": e.name, "region": e.region.key}}
+        for e in Edge.objects.filter(enabled=True).select_related("region__cloud")
+    ]
+    for name, content in (("replicas.json", groups), ("edges.json", edges)):
+        path = directory / name
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(content, indent=1))
+        tmp.replace(path)  # Prometheus must never read a half-written file
+    return directory
