@@ -299,7 +299,22 @@ def reconcile() -> ReconcileReport:
                 continue
     for deployment in Deployment.objects.all():
         report.replaced.extend(replace_missing(deployment))
+    report.reaped.extend(reap_unowned())
     return report
+
+
+def reap_unowned() -> list[str]:
+    """Release provider resources that no live replica row owns (e.g. after a crash)."""
+    wanted = {
+        f"r-{pk}" for pk in Replica.objects.filter(state__in=LIVE_STATES).values_list("pk", flat=True)
+    }
+    reaped: list[str] = []
+    for name in ("local",):
+        provider = get_provider(name)
+        if provider.capabilities.adopts_after_restart:
+            _, gone = provider.adopt_or_reap(wanted)
+            reaped.extend(gone)
+    return reaped
 
 
 def replace_missing(deployment: Deployment) -> list[str]:

@@ -45,7 +45,8 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
         "MERIDIAN_BEAT_STALE_S": "60",
     }
     lab = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir", str(tmp_path)],
+        [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir", str(tmp_path),
+         "--no-fleet"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
