@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"  Postgres: {_redact(database_url)}")
     say(f"  Redis:    {redis_url}")
     os.environ.update(DATABASE_URL=database_url, REDIS_URL=redis_url,
-                      DJANGO_SETTINGS_MODULE="controlplane.settings")
+                      DJANGO_SETTINGS_MODULE="controlplane.settings",
+                      MERIDIAN_VAR_DIR=str(args.var_dir.resolve()))
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
     from controlplane.lab.bootstrap import ensure_database, prepare
@@ -49,7 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     say("migrating, seeding the catalog and schedules, collecting static files")
     creds = prepare(args.var_dir)
-    os.environ["MERIDIAN_VAR_DIR"] = str(args.var_dir)
     key_file = args.var_dir / "keys" / "signing-key.pem"
     os.environ["MERIDIAN_SIGNING_KEY_FILE"] = str(key_file)
     if not key_file.exists():
@@ -74,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://{bind}"
     edges = []
     if not args.no_fleet:
-        from controlplane.lab.fleet import edge_argv, ensure_fleet, lab_edges
+        from controlplane.lab.fleet import edge_argv, ensure_fleet, lab_edges, stop_local_replicas
 
+        # A lab that was killed rather than stopped leaves engines behind: start clean.
+        leftovers = stop_local_replicas()
+        if leftovers:
+            say(f"  terminated {len(leftovers)} replica(s) left by an earlier run")
         edges = lab_edges(args.edge_port)
         say(f"starting {len(edges)} edges and {args.replicas_per_region} replica(s) per region")
         ensure_fleet(edges, args.replicas_per_region, actor="lab")
@@ -122,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
     say("stopping every process")
     group.stop()
+    if not args.no_fleet:
+        from controlplane.lab.fleet import stop_local_replicas
+
+        stopped = stop_local_replicas()
+        say(f"terminated {len(stopped)} local replica(s)")
     say("stopped")
     return code
 

@@ -98,3 +98,19 @@ def edge_argv(python: str, edge: LabEdge, var_dir: Path, public_key: Path,
         "--public-key", str(public_key), "--control-plane", control_plane,
         "--control-plane-token-file", str(token_file),
     ]
+
+
+def stop_local_replicas() -> list[str]:
+    """Terminate every live replica in a local region (their processes outlive the worker)."""
+    from django.db import close_old_connections
+
+    from controlplane.deployments.models import Replica
+    from controlplane.provisioning import services
+
+    close_old_connections()
+    stopped = []
+    for replica in Replica.objects.filter(region__cloud__name="local", state__in=LIVE_STATES):
+        services.terminate(replica.pk, actor="lab", reason="lab stopped")
+        stopped.append(replica.public_id)
+    services.reap_unowned()
+    return stopped

@@ -25,5 +25,6 @@ class Command(BaseCommand):
             load_model_catalog(read_model_catalog(), report)
         except CatalogError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(report.summary())
-        self.stdout.write(f"catalog as of {data['as_of']}: {report.changed} row(s) changed")
+        if options["verbosity"] > 0:
+            self.stdout.write(report.summary())
+            self.stdout.write(f"catalog as of {data['as_of']}: {report.changed} row(s) changed")
