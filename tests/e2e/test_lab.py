@@ -37,6 +37,7 @@ def get_json(url: str, token: str) -> tuple[int, dict]:
 
 def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-untyped-def]
     port = free_port()
+    edge_port = free_edge_ports()
     parts = urlsplit(settings.DATABASE_URL)
     lab_db = f"meridian_e2e_{port}"
     env = {
@@ -46,14 +47,15 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
     }
     lab = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir", str(tmp_path),
-         "--no-fleet"],
+         "--edge-port", str(edge_port)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
     output: list[str] = []
+    engine_pids: list[int] = []
     try:
         token = None
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while token is None and time.monotonic() < deadline:
             line = lab.stdout.readline()  # type: ignore[union-attr]
             assert line or lab.poll() is None, "".join(output)
@@ -77,6 +79,27 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
         assert code == 200 and offers["count"] > 0
         docs = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/docs/", timeout=5).read()
         assert b"swagger-ui" in docs and b"cdn" not in docs.lower()
+        api = f"http://127.0.0.1:{port}/api/v1"
+        ready = wait_for(lambda: _ready_replicas(api, token), lambda r: len(r) >= 3, deadline)
+        key = (tmp_path / "lab" / "demo-api-key").read_text().strip()
+        # Traffic through the European edge, once tables carry the ready replicas.
+        answer = wait_for(lambda: _chat(edge_port, key), lambda a: a[0] == 200, deadline)
+        assert answer[1].rstrip().endswith(b"data: [DONE]"), answer
+        # Kill one replica's engine: reconcile notices, records it, and replaces it.
+        victim = ready[0]
+        os.kill(_engine_pid(tmp_path, victim["public_id"]), signal.SIGKILL)
+        wait_for(lambda: get_json(f"{api}/replicas/{victim['id']}/", token)[1],
+                 lambda r: r["state"] in ("failed", "terminated"), deadline)
+        replaced = wait_for(lambda: _ready_replicas(api, token),
+                            lambda r: len(r) >= 3 and victim["id"] not in {x["id"] for x in r},
+                            deadline)
+        assert {r["region"] for r in replaced} == {r["region"] for r in ready}
+        code, events = get_json(f"{api}/audit-log/?object_id={victim['id']}", token)
+        assert "replica.failed" in {e["action"] for e in events["results"]}
+        assert _chat(edge_port, key)[0] == 200
+        engine_pids = [json.loads(p.read_text())["pid"]
+                       for p in (tmp_path / "lab" / "replicas").glob("*.json")]
+        assert len(engine_pids) >= 3
     finally:
         os.killpg(lab.pid, signal.SIGINT)
         rest, _ = lab.communicate(timeout=60)
@@ -84,10 +107,14 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
     assert lab.returncode == 0, "".join(output) + rest
     assert "stopped" in rest
     logs = tmp_path / "lab" / "logs"
-    for name in ("web", "worker", "beat"):
+    for name in ("web", "worker", "beat", "edge-eu", "edge-us"):
         assert (logs / f"{name}.log").exists()
-    leftovers = subprocess.run(["pgrep", "-f", f"--bind 127.0.0.1:{port}"], capture_output=True)
-    assert leftovers.returncode == 1, leftovers.stdout
+    for pattern in (f"--bind 127.0.0.1:{port}", f"--listen 127.0.0.1:{edge_port}"):
+        leftovers = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True)
+        assert leftovers.returncode == 1, (pattern, leftovers.stdout)
+    assert not list((tmp_path / "lab" / "replicas").glob("*.json"))
+    for pid in engine_pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
 
 
 def _drop_database(url: str, name: str) -> None:
@@ -101,3 +128,54 @@ def _drop_database(url: str, name: str) -> None:
                 "port": params["PORT"]}
     with psycopg.connect(**{k: v for k, v in conninfo.items() if v}, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def free_edge_ports() -> int:
+    """A base port with the next two and the two ten above free (edge and admin ports)."""
+    for _ in range(50):
+        base = free_port()
+        if base > 60000:
+            continue
+        try:
+            for offset in (0, 1, 10, 11):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range for the edges")
+
+
+def wait_for(fetch, done, deadline):  # type: ignore[no-untyped-def]
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = fetch()
+            if done(last):
+                return last
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"timed out; last value: {last!r}")
+
+
+def _ready_replicas(api: str, token: str) -> list[dict]:
+    code, body = get_json(f"{api}/replicas/?deployment=demo-chat&state=ready", token)
+    return body.get("results", []) if code == 200 else []
+
+
+def _chat(edge_port: int, key: str) -> tuple[int, bytes]:
+    body = json.dumps({"model": "llama-3.1-8b", "stream": True, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{edge_port}/v1/chat/completions", data=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _engine_pid(var_dir: Path, public_id: str) -> int:
+    return int(json.loads((var_dir / "lab" / "replicas" / f"{public_id}.json").read_text())["pid"])
