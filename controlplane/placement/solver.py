@@ -13,9 +13,11 @@ variable, so no plan can break them. Infeasible problems are explained in words
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -118,6 +120,10 @@ class PlacementResult:
     variables: int = 0
 
     @property
+    def deployment_ids(self) -> set[int]:
+        return {a.deployment_id for a in self.assignments} | {c.deployment_id for c in self.changes}
+
+    @property
     def gap_to_lp_bound(self) -> float | None:
         if self.lp_bound_usd_h is None or self.status == "infeasible":
             return None
@@ -159,16 +165,19 @@ def offer_close_enough(d: DeploymentRequest, o: OfferOption) -> bool:
     )
 
 
+@lru_cache(maxsize=65536)
+def _shape(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, context: int,
+           batch: int) -> ReplicaShape | None:
+    return replica_shape(model, gpu, gpus_per_node, context, batch)
+
+
 def candidates_for(d: DeploymentRequest, offers: tuple[OfferOption, ...],
-                   shapes: dict[tuple[str, int, int, str, int], ReplicaShape | None]) -> list[Candidate]:
+                   shapes: object = None) -> list[Candidate]:
     out = []
     for o in offers:
         if not offer_allowed(d, o) or not offer_close_enough(d, o):
             continue
-        key = (d.model.name, o.gpus_per_node, d.context, o.gpu.name, d.batch)
-        if key not in shapes:
-            shapes[key] = replica_shape(d.model, o.gpu, o.gpus_per_node, d.context, d.batch)
-        shape = shapes[key]
+        shape = _shape(d.model, o.gpu, o.gpus_per_node, d.context, d.batch)
         if shape is None or shape.tokens_per_s <= 0:
             continue
         out.append(Candidate(d, o, False, shape, o.on_demand_usd_h * shape.pipeline_parallel))
@@ -194,8 +203,83 @@ def _prune(cands: list[Candidate]) -> list[Candidate]:
 
 
 def solve(problem: PlacementProblem) -> PlacementResult:
+    """Solve each deployment alone (they share only quota); where the independent plans
+    together overrun a quota pool, re-solve the deployments on those pools jointly."""
     started = time.perf_counter()
-    shapes: dict[tuple[str, int, int, str, int], ReplicaShape | None] = {}
+    if len(problem.deployments) <= 1:
+        return solve_joint(problem)
+    parts = [solve_joint(_sub(problem, (d,)), lp_bound=False) for d in problem.deployments]
+    if any(p.status == "infeasible" for p in parts):
+        return solve_joint(problem)  # explanations need the whole picture
+    offers = {o.id: o for o in problem.offers}
+    touching: set[int] = set()
+    for _ in range(8):
+        used: dict[tuple[str, str], int] = defaultdict(int)
+        users: dict[tuple[str, str], set[int]] = defaultdict(set)
+        for part in parts:
+            for a in part.assignments:
+                pool = (offers[a.offer_id].region, offers[a.offer_id].gpu.name)
+                used[pool] += a.gpus
+                users[pool].add(a.deployment_id)
+        over = [pool for pool, n in used.items() if n > problem.quota_gpus.get(pool, 10**12)]
+        if not over:
+            break
+        # The deployments on overrun pools (and any re-solved before) are solved together,
+        # against the quota the other deployments' plans leave over.
+        touching |= {pid for pool in over for pid in users[pool]}
+        left = dict(problem.quota_gpus)
+        for part in parts:
+            for a in part.assignments:
+                if a.deployment_id not in touching:
+                    pool = (offers[a.offer_id].region, offers[a.offer_id].gpu.name)
+                    if pool in left:
+                        left[pool] -= a.gpus
+        sub = _sub(problem, tuple(d for d in problem.deployments if d.id in touching))
+        joint = solve_joint(PlacementProblem(sub.deployments, sub.offers, left, sub.existing,
+                                             sub.move_penalty_usd_h, sub.time_limit_s,
+                                             sub.mip_rel_gap), lp_bound=False)
+        if joint.status == "infeasible":
+            return solve_joint(problem)
+        parts = [p for p in parts if p.deployment_ids.isdisjoint(touching)] + [joint]
+    else:
+        return solve_joint(problem)
+    return PlacementResult(
+        status="optimal" if all(p.status == "optimal" for p in parts) else "feasible",
+        assignments=[a for p in parts for a in p.assignments],
+        changes=[c for p in parts for c in p.changes],
+        cost_before_usd_h=_cost_before(problem),
+        cost_after_usd_h=sum(p.cost_after_usd_h for p in parts),
+        lp_bound_usd_h=lp_relaxation_bound(problem),
+        solve_s=time.perf_counter() - started,
+        variables=sum(p.variables for p in parts),
+    )
+
+
+def lp_relaxation_bound(problem: PlacementProblem) -> float | None:
+    """The whole fleet's LP relaxation: no integer plan can cost less."""
+    existing = {(e.deployment_id, e.offer_id, e.spot): e.count for e in problem.existing}
+    cands = [c for d in problem.deployments for c in candidates_for(d, problem.offers)]
+    if not cands:
+        return 0.0
+    model = _build(problem, cands, existing)
+    lp = milp(model["c"], constraints=model["constraints"],
+              integrality=np.zeros_like(model["integrality"]), bounds=model["bounds"],
+              options={"time_limit": problem.time_limit_s})
+    return None if lp.x is None else float(np.dot(model["price"], lp.x[: len(cands)]))
+
+
+def _sub(problem: PlacementProblem, deployments: tuple[DeploymentRequest, ...]) -> PlacementProblem:
+    ids = {d.id for d in deployments}
+    return PlacementProblem(
+        deployments, problem.offers, problem.quota_gpus,
+        tuple(e for e in problem.existing if e.deployment_id in ids),
+        problem.move_penalty_usd_h, problem.time_limit_s, problem.mip_rel_gap,
+    )
+
+
+def solve_joint(problem: PlacementProblem, lp_bound: bool = True) -> PlacementResult:
+    started = time.perf_counter()
+    shapes = None
     existing = {(e.deployment_id, e.offer_id, e.spot): e.count for e in problem.existing}
     cands: list[Candidate] = []
     for d in problem.deployments:
@@ -225,8 +309,6 @@ def solve(problem: PlacementProblem) -> PlacementResult:
     result = milp(model["c"], constraints=model["constraints"], integrality=model["integrality"],
                   bounds=model["bounds"], options={"time_limit": problem.time_limit_s,
                                                    "mip_rel_gap": problem.mip_rel_gap})
-    lp = milp(model["c"], constraints=model["constraints"], integrality=np.zeros_like(model["integrality"]),
-              bounds=model["bounds"], options={"time_limit": problem.time_limit_s})
     elapsed = time.perf_counter() - started
     if result.x is None:
         return PlacementResult("infeasible", explanation=explain_infeasible(problem, cands),
@@ -237,16 +319,13 @@ def solve(problem: PlacementProblem) -> PlacementResult:
         Assignment(c.deployment.id, c.offer.id, c.spot, int(n), c.usd_h * int(n), c.gpus * int(n))
         for c, n in zip(cands, x, strict=True) if n > 0
     ]
-    lp_cost = None
-    if lp.x is not None:
-        lp_cost = float(np.dot(model["price"], lp.x[: len(cands)]))
     return PlacementResult(
         status="optimal" if result.status == 0 else "feasible",
         assignments=assignments,
         changes=_changes(problem, cands, x, existing),
         cost_before_usd_h=_cost_before(problem),
         cost_after_usd_h=sum(a.usd_h for a in assignments),
-        lp_bound_usd_h=lp_cost,
+        lp_bound_usd_h=lp_relaxation_bound(problem) if lp_bound else None,
         solve_s=elapsed,
         variables=len(model["c"]),
     )
@@ -282,7 +361,13 @@ def _build(problem: PlacementProblem, cands: list[Candidate],
         idx = by_dep[d.id]
         if d.tokens_per_s > 0:
             add_row([(i, cands[i].shape.tokens_per_s) for i in idx], d.tokens_per_s * d.headroom, np.inf)
-        add_row([(i, 1.0) for i in idx], d.min_replicas, d.max_replicas)
+        # Σx ≥ ⌈demand / fastest replica⌉ holds for every integer plan; stating it tightens
+        # the LP relaxation (and so the bound the solver proves against).
+        floor_replicas = d.min_replicas
+        if d.tokens_per_s > 0 and idx:
+            fastest = max(cands[i].shape.tokens_per_s for i in idx)
+            floor_replicas = max(floor_replicas, math.ceil(d.tokens_per_s * d.headroom / fastest - 1e-9))
+        add_row([(i, 1.0) for i in idx], floor_replicas, d.max_replicas)
         if d.max_spot_fraction < 1:
             add_row([(i, (1 - d.max_spot_fraction) if cands[i].spot else -d.max_spot_fraction)
                      for i in idx], -np.inf, 0.0)

@@ -166,17 +166,17 @@ def test_solver_cost_equals_brute_force_on_small_cases(offer_specs, low, spread)
         total = sum(counts)
         if not d.min_replicas <= total <= d.max_replicas:
             continue
-        if sum(n for n, c in zip(counts, cands) if c.spot) > d.max_spot_fraction * total:
+        if sum(n for n, c in zip(counts, cands, strict=True) if c.spot) > d.max_spot_fraction * total:
             continue
-        if total and len({c.offer.region for n, c in zip(counts, cands) if n}) < d.spread_regions:
+        if total and len({c.offer.region for n, c in zip(counts, cands, strict=True) if n}) < d.spread_regions:
             continue
         gpus: dict[tuple[str, str], int] = {}
-        for n, c in zip(counts, cands):
+        for n, c in zip(counts, cands, strict=True):
             key = (c.offer.region, c.offer.gpu.name)
             gpus[key] = gpus.get(key, 0) + n * c.gpus
         if any(v > problem.quota_gpus[k] for k, v in gpus.items()):
             continue
-        cost = sum(n * c.usd_h for n, c in zip(counts, cands))
+        cost = sum(n * c.usd_h for n, c in zip(counts, cands, strict=True))
         best = cost if best is None else min(best, cost)
     if best is None:
         assert result.status == "infeasible"

@@ -1,0 +1,124 @@
+"""From the database to a plan: load deployments, offers, quota and running replicas, solve,
+and store the result as a Plan with its changes and reasons."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from decimal import Decimal
+
+from django.db import transaction
+
+from controlplane.core.services import record_audit
+from controlplane.deployments.lifecycle import LIVE_STATES
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.placement.capacity import GpuSpec, ModelSpec
+from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+from controlplane.placement.solver import (
+    DeploymentRequest,
+    ExistingReplicas,
+    OfferOption,
+    PlacementProblem,
+    PlacementResult,
+    solve,
+)
+from regions.models import Offer, Quota
+
+
+def model_spec(deployment: Deployment) -> ModelSpec:
+    m = deployment.model
+    return ModelSpec(m.name, m.parameters_b, m.layers, m.attention_heads, m.kv_heads,
+                     m.head_dim, m.dtype, m.active_parameters_b)
+
+
+def deployment_request(d: Deployment) -> DeploymentRequest:
+    return DeploymentRequest(
+        id=d.pk, name=d.name, model=model_spec(d), context=d.max_model_len,
+        tokens_per_s=d.demand_tokens_per_s, min_replicas=d.min_replicas,
+        max_replicas=d.max_replicas,
+        allowed_jurisdictions=frozenset(j.code for j in d.allowed_jurisdictions.all()),
+        spread_regions=d.spread_regions, max_spot_fraction=d.max_spot_fraction,
+        ttft_slo_ms=d.slo_ttft_p95_ms,
+        user_locations=tuple((r.latitude, r.longitude) for r in d.user_regions.all()),
+    )
+
+
+def offer_options() -> tuple[OfferOption, ...]:
+    rows = Offer.objects.select_related("region__cloud", "region__jurisdiction", "gpu_type")
+    return tuple(
+        OfferOption(
+            o.pk, o.region.key, o.region.cloud.name, o.region.jurisdiction.code,
+            GpuSpec(o.gpu_type.name, o.gpu_type.memory_gib, o.gpu_type.memory_bandwidth_gbps),
+            o.gpus_per_node, float(o.on_demand_usd_h),
+            None if o.spot_usd_h is None else float(o.spot_usd_h),
+            o.region.latitude, o.region.longitude, str(o),
+        )
+        for o in rows if o.region.enabled and o.region.cloud.enabled
+    )
+
+
+def quota_left(planned: Iterable[int]) -> dict[tuple[str, str], int]:
+    """GPUs the planned deployments may use per pool: the limit less what others run."""
+    planned = set(planned)
+    used_by_others = Counter()
+    others = Replica.objects.filter(state__in=LIVE_STATES).exclude(
+        deployment_id__in=planned).select_related("region__cloud", "offer__gpu_type")
+    for r in others:
+        if r.offer_id:
+            used_by_others[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
+    return {
+        (q.region.key, q.gpu_type.name): max(q.limit_gpus - used_by_others[(q.region.key, q.gpu_type.name)], 0)
+        for q in Quota.objects.select_related("region__cloud", "gpu_type")
+    }
+
+
+def existing_replicas(deployments: Iterable[Deployment]) -> tuple[ExistingReplicas, ...]:
+    counts: Counter[tuple[int, int, bool]] = Counter()
+    for r in Replica.objects.filter(deployment__in=list(deployments), state__in=LIVE_STATES,
+                                    offer__isnull=False):
+        counts[(r.deployment_id, r.offer_id, r.spot)] += 1
+    return tuple(ExistingReplicas(d, o, s, n) for (d, o, s), n in counts.items())
+
+
+def build_problem(deployments: list[Deployment]) -> PlacementProblem:
+    return PlacementProblem(
+        tuple(deployment_request(d) for d in deployments), offer_options(),
+        quota_left(d.pk for d in deployments), existing_replicas(deployments),
+    )
+
+
+@transaction.atomic
+def store_plan(result: PlacementResult, deployments: list[Deployment], actor: str,
+               trigger: str) -> Plan:
+    by_id = {d.pk: d for d in deployments}
+    offers = {o.pk: o for o in Offer.objects.filter(
+        pk__in=[c.offer_id for c in result.changes]).select_related("region")}
+    plan = Plan.objects.create(
+        status=PlanStatus.PROPOSED if result.status != "infeasible" else PlanStatus.INFEASIBLE,
+        trigger=trigger, scope=[d.name for d in deployments],
+        inputs={"deployments": len(deployments), "offers_considered": result.variables},
+        explanation="\n".join(result.explanation),
+        cost_before_usd_h=Decimal(f"{result.cost_before_usd_h:.4f}"),
+        cost_after_usd_h=Decimal(f"{result.cost_after_usd_h:.4f}"),
+        solver={"status": result.status, "solve_s": round(result.solve_s, 4),
+                "gap_to_lp_bound": result.gap_to_lp_bound, "lp_bound_usd_h": result.lp_bound_usd_h},
+        proposed_by=actor,
+    )
+    PlanChange.objects.bulk_create([
+        PlanChange(plan=plan, deployment=by_id[c.deployment_id],
+                   action=ChangeAction.ADD if c.action == "add" else ChangeAction.REMOVE,
+                   region=offers[c.offer_id].region, offer=offers[c.offer_id], count=c.count,
+                   spot=c.spot, usd_h_delta=Decimal(f"{c.usd_h_delta:.4f}"), reason=c.reason)
+        for c in result.changes
+    ])
+    record_audit(actor, "plan.propose", plan, reason=plan.explanation or
+                 f"${result.cost_before_usd_h:.2f}/h → ${result.cost_after_usd_h:.2f}/h")
+    return plan
+
+
+def propose_plan(deployments: Iterable[Deployment] | None, *, actor: str, trigger: str) -> Plan:
+    chosen = list(deployments) if deployments else list(Deployment.objects.all())
+    chosen = list(Deployment.objects.filter(pk__in=[d.pk for d in chosen]).select_related(
+        "model").prefetch_related("allowed_jurisdictions", "user_regions"))
+    result = solve(build_problem(chosen))
+    return store_plan(result, chosen, actor, trigger)
