@@ -87,7 +87,9 @@ class DeploymentActions:
 
         if replica.state in (S.READY, S.DEGRADED):
             provisioning.drain(replica.pk, actor=actor, reason=reason)
-        terminate_replica.apply_async((replica.pk, reason), countdown=DRAIN_DEADLINE_S)
+            terminate_replica.apply_async((replica.pk, reason), countdown=DRAIN_DEADLINE_S)
+        else:  # not serving yet: nothing to drain
+            terminate_replica.delay(replica.pk, reason)
 
 
 DRAIN_DEADLINE_S = 30
@@ -106,6 +108,9 @@ class ReplicaActions:
         body.is_valid(raise_exception=True)
         actor = principal_for(request.user).username
         reason = body.validated_data["reason"] or f"drained by {actor}"
+        if replica.state not in (S.READY, S.DEGRADED):
+            return Response({"detail": f"{replica.public_id} is {replica.state}; only ready or "
+                                       "degraded replicas can be drained."}, status=409)
         try:
             DeploymentActions._drain(replica, actor, reason)
         except IllegalTransition as exc:

@@ -14,6 +14,7 @@ from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
 from controlplane.core.services import principal_for
 from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
+from controlplane.provisioning.models import Operation
 from controlplane.routing.models import Edge, RoutingPolicy
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
@@ -349,3 +350,17 @@ class RoutingPolicySerializer(serializers.ModelSerializer):
         if not isinstance(value, dict):
             raise serializers.ValidationError("Expected an object of alias → rule.")
         return value
+
+
+class OperationSerializer(serializers.ModelSerializer):
+    replica = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Operation
+        fields = ["id", "kind", "provider", "replica", "status", "error_kind", "log", "attempts",
+                  "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_replica(self, obj: Operation) -> str | None:
+        return f"r-{obj.replica_id}" if obj.replica_id else None

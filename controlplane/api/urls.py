@@ -21,6 +21,7 @@ router.register("audit-log", views.AuditLogViewSet)
 router.register("edges", routing_views.EdgeViewSet)
 router.register("routing-policy", routing_views.RoutingPolicyViewSet)
 router.register("plans", plan_views.PlanViewSet)
+router.register("operations", views.OperationViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),

@@ -18,6 +18,7 @@ from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment, Model, Replica, ReplicaState
+from controlplane.provisioning.models import Operation
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
 
@@ -154,3 +155,14 @@ class StatusView(APIView):
         code = status.HTTP_200_OK if report["ok"] else status.HTTP_503_SERVICE_UNAVAILABLE
         return Response(report, status=code)
 
+
+
+class OperationViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
+    """Provider jobs (launch, terminate, …) with their status and log."""
+
+    tenant_field = "replica__deployment__tenant"
+    shared_visible = True
+    queryset = Operation.objects.all()
+    serializer_class = serializers.OperationSerializer
+    filterset_fields = ["kind", "status", "provider", "replica"]
+    ordering_fields = ["created_at"]

@@ -29,6 +29,7 @@ class RoutingPolicy(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        ordering = ["name"]
         verbose_name_plural = "routing policies"
 
     def __str__(self) -> str:

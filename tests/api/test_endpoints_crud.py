@@ -302,3 +302,49 @@ def test_audit_rows_refuse_update_and_delete(db, catalog):  # type: ignore[no-un
     with pytest.raises(DatabaseError), transaction.atomic():
         AuditLog.objects.filter(pk=row.pk).delete()
     assert AuditLog.objects.get(pk=row.pk).actor == "tester"
+
+
+class TestEdges(CrudContract):
+    url = "/api/v1/edges/"
+
+    def existing(self, fx):  # type: ignore[no-untyped-def]
+        from controlplane.routing.models import Edge
+
+        return Edge.objects.create(name="edge-fra", region=fx["fra"], admin_url="http://127.0.0.1:1")
+
+    def create_payload(self, fx):  # type: ignore[no-untyped-def]
+        return {"name": "edge-iad", "region": "aws:us-east-1", "admin_url": "http://127.0.0.1:9"}
+
+    def update_payload(self, fx):  # type: ignore[no-untyped-def]
+        return {"enabled": False}
+
+    def bad_payloads(self, fx):  # type: ignore[no-untyped-def]
+        good = self.create_payload(fx)
+        return [({**good, "admin_url": "not a url"}, "admin_url"),
+                ({**good, "region": "aws:nowhere-9"}, "region"), ({**good, "name": "bad name"}, "name")]
+
+    def make_many(self, fx, n):  # type: ignore[no-untyped-def]
+        from controlplane.routing.models import Edge
+
+        for i in range(n):
+            Edge.objects.create(name=f"e{Edge.objects.count()}-{i}", region=fx["fra"],
+                                admin_url="http://127.0.0.1:1")
+
+
+class TestOperations(CrudContract):
+    url = "/api/v1/operations/"
+    read_only = True
+
+    def existing(self, fx):  # type: ignore[no-untyped-def]
+        from controlplane.provisioning.models import Operation
+
+        replica = Replica.objects.create(deployment=make_deployment(fx, "ops"), region=fx["fra"])
+        return Operation.objects.create(kind="launch", provider="local", replica=replica)
+
+    def make_many(self, fx, n):  # type: ignore[no-untyped-def]
+        from controlplane.provisioning.models import Operation
+
+        replica = Replica.objects.create(
+            deployment=make_deployment(fx, f"ops{Deployment.objects.count()}"), region=fx["fra"])
+        for _ in range(n):
+            Operation.objects.create(kind="launch", provider="local", replica=replica)
