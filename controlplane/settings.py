@@ -80,6 +80,8 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or backing.lab_database_url()
 DATABASES = {"default": database_from_url("DATABASE_URL", DATABASE_URL)}
+if os.environ.get("MERIDIAN_TEST_DB"):  # lets two test runs share one server
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["MERIDIAN_TEST_DB"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL") or backing.lab_redis_url()

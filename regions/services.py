@@ -237,3 +237,43 @@ def apply_offer_observations(observations: Iterable[ObservedOffer]) -> LoadRepor
             report, "offers",
         )
     return report
+
+
+@dataclass
+class RefreshReport:
+    source: str
+    ok: bool
+    detail: str
+    updated: int = 0
+    stale_offers: int = 0
+
+
+def refresh_offers(provider: Any, stale_after: Any = None) -> RefreshReport:
+    """Ask a provider for current prices; on failure keep what we have and say how stale it is.
+
+    `provider` is anything with `name` and `observe_offers()` (the Provider protocol).
+    """
+    from django.conf import settings
+
+    from controlplane.core.services import record_audit
+
+    stale_after = stale_after or settings.MERIDIAN["CATALOG_STALE_AFTER"]
+    try:
+        observations = provider.observe_offers()
+    except Exception as exc:  # any provider failure leaves the catalog as it was
+        stale = Offer.objects.filter(observed_at__lt=timezone.now() - stale_after).count()
+        detail = f"{exc}; kept the stored offers ({stale} older than {stale_after} are stale)"
+        record_audit(f"system:{provider.name}", "catalog.refresh_failed",
+                     object_type="regions.offer", reason=detail)
+        return RefreshReport(provider.name, False, detail, 0, stale)
+    report = apply_offer_observations(
+        ObservedOffer(o.cloud, o.region, o.gpu, o.gpus_per_node, o.instance_type,
+                      o.on_demand_usd_h, o.spot_usd_h, o.source) for o in observations
+    )
+    changed = report.changed
+    record_audit(f"system:{provider.name}", "catalog.refreshed", object_type="regions.offer",
+                 changes={"observed": len(observations), "changed": changed},
+                 reason=f"{len(observations)} offers observed")
+    stale = Offer.objects.filter(observed_at__lt=timezone.now() - stale_after).count()
+    return RefreshReport(provider.name, True, f"{len(observations)} observed, {changed} changed",
+                         changed, stale)

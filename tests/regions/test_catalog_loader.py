@@ -96,3 +96,41 @@ def test_shipped_catalog_seeds_and_reseeds_without_change():
     again = StringIO()
     call_command("seed_catalog", stdout=again)
     assert again.getvalue().strip().endswith("0 row(s) changed"), again.getvalue()
+
+
+class CatalogSource:
+    """The cloud price catalog boundary: answers with observations, or fails."""
+
+    name = "skypilot"
+
+    def __init__(self, observations=None, error=None):  # type: ignore[no-untyped-def]
+        self.observations, self.error = observations or [], error
+
+    def observe_offers(self):  # type: ignore[no-untyped-def]
+        if self.error:
+            raise self.error
+        return self.observations
+
+
+def test_refresh_folds_in_prices_and_marks_nothing_stale():
+    from controlplane.provisioning.base import OfferObservation
+    from regions.services import refresh_offers
+
+    load_catalog(copy.deepcopy(SMALL))
+    seen = OfferObservation("aws", "eu-central-1", "H100", 8, "p5.48xlarge", 60.0, 25.0, "skypilot")
+    report = refresh_offers(CatalogSource([seen]))
+    assert report.ok and report.updated == 1 and report.stale_offers == 0
+    assert str(Offer.objects.get().on_demand_usd_h) == "60.0000"
+
+
+def test_unreachable_catalog_keeps_data_and_reports_stale():
+    from controlplane.core.models import AuditLog
+    from controlplane.provisioning.base import ProviderError
+    from regions.services import refresh_offers
+
+    load_catalog(copy.deepcopy(SMALL))
+    report = refresh_offers(CatalogSource(error=ProviderError("unavailable", "catalog offline")))
+    assert not report.ok and report.stale_offers == 1
+    assert "catalog offline" in report.detail
+    assert str(Offer.objects.get().on_demand_usd_h) == "98.3200"
+    assert AuditLog.objects.filter(action="catalog.refresh_failed").exists()
