@@ -13,6 +13,48 @@ from typing import Any, Protocol, runtime_checkable
 
 STATES = ("provisioning", "starting", "running", "failed", "terminated", "unknown")
 ERROR_KINDS = ("no_capacity", "quota", "credentials", "invalid", "timeout", "unavailable", "other")
+# Kinds worth retrying later without changing anything: the provider or the cloud was briefly
+# unreachable or slow. The others need a different offer, more quota or an operator.
+TRANSIENT_ERROR_KINDS = frozenset({"timeout", "unavailable"})
+
+DEFAULT_VLLM_VERSION = "0.27.1"
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """Prefill/decode disaggregation: this replica's role and how KV moves between roles.
+
+    Rendered as vLLM's `--kv-transfer-config`. With NIXL both sides usually run `kv_both`;
+    `role` says which half of the pair this replica serves, so routing can pair them.
+    """
+
+    role: str  # "prefill" or "decode"
+    connector: str = "NixlConnector"
+    kv_role: str = "kv_both"  # kv_producer | kv_consumer | kv_both
+    side_channel_port: int = 5600  # NIXL's handshake port (VLLM_NIXL_SIDE_CHANNEL_PORT)
+    extra_config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Disaggregation:
+        return cls(**data)
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"kv_connector": self.connector, "kv_role": self.kv_role}
+        if self.extra_config:
+            config["kv_connector_extra_config"] = dict(self.extra_config)
+        return config
+
+
+@dataclass(frozen=True)
+class KvOffload:
+    """KV cache offload to host memory: vLLM's `--kv-offloading-size/--kv-offloading-backend`."""
+
+    size_gib: float
+    backend: str = "native"  # "native" (vLLM's CPU offload) or "lmcache"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KvOffload:
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -23,9 +65,9 @@ class ReplicaSpec:
     deployment: str
     model: str  # Hugging Face id, what `vllm serve` loads
     served_model_name: str
-    cloud: str  # the provider's name for the cloud (SkyPilot's identifier)
+    cloud: str  # the provider's name for the cloud (SkyPilot's identifier; "local" in the lab)
     region: str  # the cloud's region code
-    accelerator: str = "H100"
+    accelerator: str = "H100"  # SkyPilot's accelerator name
     gpus_per_node: int = 1
     nodes: int = 1
     use_spot: bool = False
@@ -33,14 +75,21 @@ class ReplicaSpec:
     pipeline_parallel: int = 1
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
-    disaggregation: dict[str, Any] | None = None
-    kv_offload: dict[str, Any] | None = None
-    engine_profile: str = "llama-8b-h100"
+    disaggregation: Disaggregation | None = None
+    kv_offload: KvOffload | None = None
+    engine_profile: str = "llama-8b-h100"  # enginesim's timing profile (local lab only)
     port: int = 8000
     disk_gb: int = 256
+    # Names of secrets, never their values: the provider reads them from its own environment
+    # at launch and hands them to the cloud as secrets.
     api_key_env: str = "MERIDIAN_ENGINE_API_KEY"
-    vllm_version: str = "0.11.0"
+    hf_token_env: str | None = "HF_TOKEN"
+    vllm_version: str = DEFAULT_VLLM_VERSION
     env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
 
 
 @dataclass(frozen=True)
@@ -56,16 +105,19 @@ class ProviderHandle:
 class ProviderStatus:
     state: str  # one of STATES
     message: str = ""
+    # Set with state "failed" when the provider knows why (one of ERROR_KINDS), so the caller
+    # can feed quota and offer records the same way as for a ProviderError.
+    error_kind: str = ""
 
 
 @dataclass(frozen=True)
 class OfferObservation:
     cloud: str
     region: str
-    gpu: str
+    gpu: str  # SkyPilot's accelerator name
     gpus_per_node: int
     instance_type: str
-    on_demand_usd_h: float
+    on_demand_usd_h: float | None
     spot_usd_h: float | None
     source: str
     observed_at: datetime | None = None
@@ -77,7 +129,7 @@ class Capabilities:
     multi_node: bool = False
     network_emulation: bool = False
     offers_catalog: bool = False
-    # The provider keeps local state it can reconcile after a control-plane restart.
+    # The provider keeps state it can reconcile after a control-plane restart.
     adopts_after_restart: bool = False
 
 
@@ -90,6 +142,10 @@ class ProviderError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT_ERROR_KINDS
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
@@ -117,5 +173,5 @@ class Provider(Protocol):
     def observe_offers(self) -> list[OfferObservation]: ...
 
     def adopt_or_reap(self, wanted: set[str]) -> tuple[list[str], list[str]]:
-        """Re-adopt resources of `wanted` replica ids; release the rest (if adopts_after_restart)."""
+        """Keep resources of `wanted` replica ids; release the rest. Returns (kept, reaped)."""
         ...

@@ -3,8 +3,9 @@
 Each replica is an engine process (`vllm serve` where vLLM and a GPU are present, else
 enginesim) on a free port, plus one netem relay process with a listening port per lab
 region that delays traffic by the great-circle distance between that region and the
-replica's. Processes are detached and recorded as JSON under the state directory, so a
-restarted control plane re-adopts live ones and reaps the rest.
+replica's. Both are detached (their own session and process group) and described by a JSON
+record under the state directory, so a restarted control plane re-adopts live ones
+(`adopt`) and reaps the rest (`reap`): the processes outlive the worker that started them.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +37,24 @@ from controlplane.provisioning.base import (
 
 # Added to every one-way delay: a relay hop and a router or two even between neighbours.
 FIXED_ONE_WAY_MS = 0.25
+# How long an engine gets to drain on SIGTERM before its process group is killed.
+STOP_GRACE_S = 5.0
+# A record younger than this without a relay may belong to a launch still in progress in
+# another worker; adopt() and reap() leave it alone.
+LAUNCH_GRACE_S = 30.0
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:
     """True for a running process; a zombie (exited, not yet reaped) counts as dead."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -64,13 +74,33 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def kill_group(pid: int, grace_s: float = 5.0) -> None:
+def process_cmdline(pid: int) -> list[str] | None:
+    """The argv a live process was started with (None when it is gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part] or None
+
+
+def is_our_process(pid: int | None, cmdline: list[str] | None) -> bool:
+    """The pid is alive and still runs what we started (pids are reused after exit)."""
+    if not pid or not pid_alive(int(pid)):
+        return False
+    if not cmdline:
+        return True  # a record from before cmdlines were kept: the pid is all we have
+    return process_cmdline(int(pid)) == list(cmdline)
+
+
+def kill_group(pid: int, grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM the process group, then SIGKILL it if it outlives the grace period."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
             return
+        except PermissionError:
+            return  # not ours (the pid was reused by another user's process)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not pid_alive(pid):
@@ -79,7 +109,45 @@ def kill_group(pid: int, grace_s: float = 5.0) -> None:
 
 
 def gpu_engine_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None and shutil.which("nvidia-smi") is not None
+    """vLLM is importable and NVML sees at least one GPU: then `vllm serve` is the engine."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount()) > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library, no device: all mean "no GPU here"
+        return False
+
+
+def one_way_delay_ms(a: tuple[float, float], b: tuple[float, float],
+                     fixed_ms: float = FIXED_ONE_WAY_MS) -> float:
+    """Fibre delay over the great circle between two (lat, lon) points, plus a fixed cost."""
+    return round(one_way_ms(great_circle_km(a[0], a[1], b[0], b[1])) + fixed_ms, 3)
+
+
+@dataclass(frozen=True)
+class LabRegion:
+    code: str  # as the control plane names it, e.g. "local:eu-frankfurt" (or bare)
+    latitude: float
+    longitude: float
+    price_usd_h: float | None = None
+
+    @classmethod
+    def of(cls, value: LabRegion | Mapping[str, Any]) -> LabRegion:
+        if isinstance(value, LabRegion):
+            return value
+        price = value.get("price_usd_h")
+        return cls(str(value["code"]), float(value["latitude"]), float(value["longitude"]),
+                   float(price) if price is not None else None)
+
+    @property
+    def bare_code(self) -> str:
+        return self.code.split(":", 1)[1] if ":" in self.code else self.code
 
 
 class LocalProvider:
@@ -87,16 +155,44 @@ class LocalProvider:
     capabilities = Capabilities(spot=False, multi_node=False, network_emulation=True,
                                 offers_catalog=True, adopts_after_restart=True)
 
-    def __init__(self, state_dir: Path | str, regions: Iterable[dict[str, Any]],
-                 python: str | None = None, price_usd_h: float = 0.0) -> None:
+    def __init__(self, state_dir: Path | str,
+                 regions: Iterable[LabRegion | Mapping[str, Any]], *,
+                 python: str | None = None, price_usd_h: float = 0.0, engine: str = "auto",
+                 gpu: str = "H100", host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S,
+                 fixed_one_way_ms: float = FIXED_ONE_WAY_MS) -> None:
+        if engine not in ("auto", "enginesim", "vllm"):
+            raise ValueError(f"engine must be auto, enginesim or vllm, not {engine!r}")
         self.state_dir = Path(state_dir)
-        self.regions = {r["code"]: (float(r["latitude"]), float(r["longitude"])) for r in regions}
+        self.lab_regions = [LabRegion.of(r) for r in regions]
+        self.regions = {r.code: (r.latitude, r.longitude) for r in self.lab_regions}
+        # Accept a region both as configured ("local:eu-frankfurt") and bare ("eu-frankfurt").
+        self._aliases: dict[str, str] = {}
+        for r in self.lab_regions:
+            self._aliases[r.code] = r.code
+            self._aliases.setdefault(r.bare_code, r.code)
+            self._aliases.setdefault(f"local:{r.bare_code}", r.code)
         self.python = python or sys.executable
         self.price_usd_h = price_usd_h
+        self.engine = engine
+        self.gpu = gpu
+        self.host = host
+        self.grace_s = grace_s
+        self.fixed_one_way_ms = fixed_one_way_ms
 
     # -- records ----------------------------------------------------------------------------
     def _record_path(self, replica_id: str) -> Path:
+        if not replica_id or "/" in replica_id or replica_id.startswith("."):
+            raise ProviderError("invalid", f"replica id {replica_id!r} cannot name a file")
         return self.state_dir / f"{replica_id}.json"
+
+    def log_path(self, replica_id: str) -> Path:
+        return self.state_dir / f"{replica_id}.log"
+
+    def read_record(self, replica_id: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self._record_path(replica_id).read_text()))
+        except (OSError, ValueError):
+            return None
 
     def records(self) -> list[dict[str, Any]]:
         if not self.state_dir.exists():
@@ -113,110 +209,239 @@ class LocalProvider:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self._record_path(record["replica_id"])
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(path)
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+        tmp.replace(path)  # atomic: a reader sees the old record or the new, never half
 
-    # -- the protocol -----------------------------------------------------------------------
-    def engine_argv(self, spec: ReplicaSpec, port: int) -> list[str]:
-        if gpu_engine_available():
+    # -- regions and delays -----------------------------------------------------------------
+    def region_key(self, name: str | None) -> str | None:
+        """The configured code for a region named either way, or None if it is not a lab one."""
+        return self._aliases.get(name or "")
+
+    def delays_from(self, region_key: str) -> dict[str, float]:
+        """One-way delay (ms) from every lab region to `region_key`."""
+        key = self.region_key(region_key)
+        if key is None:
+            raise ProviderError("invalid", f"{region_key} is not a lab region "
+                                           f"(known: {', '.join(sorted(self.regions))})")
+        here = self.regions[key]
+        return {code: one_way_delay_ms(here, where, self.fixed_one_way_ms)
+                for code, where in self.regions.items()}
+
+    # -- processes --------------------------------------------------------------------------
+    def engine_kind(self) -> str:
+        if self.engine != "auto":
+            return self.engine
+        return "vllm" if gpu_engine_available() else "enginesim"
+
+    def engine_argv(self, spec: ReplicaSpec, port: int, kind: str | None = None) -> list[str]:
+        if (kind or self.engine_kind()) == "vllm":
             return ["vllm", "serve", spec.model, "--served-model-name", spec.served_model_name,
-                    "--port", str(port), "--host", "127.0.0.1",
+                    "--host", self.host, "--port", str(port),
                     "--tensor-parallel-size", str(spec.tensor_parallel),
                     "--max-model-len", str(spec.max_model_len),
                     "--enable-prefix-caching" if spec.enable_prefix_caching
                     else "--no-enable-prefix-caching"]
-        return [self.python, "-m", "enginesim", "--host", "127.0.0.1", "--port", str(port),
+        return [self.python, "-m", "enginesim", "--host", self.host, "--port", str(port),
                 "--model", spec.model, "--served-model-name", spec.served_model_name,
                 "--profile", spec.engine_profile, "--max-model-len", str(spec.max_model_len)]
 
-    def delays_from(self, region_key: str) -> dict[str, float]:
-        """One-way delay (ms) from every lab region to `region_key`."""
-        if region_key not in self.regions:
-            raise ProviderError("invalid", f"{region_key} is not a lab region "
-                                           f"(known: {', '.join(sorted(self.regions))})")
-        lat, lon = self.regions[region_key]
-        return {
-            code: round(one_way_ms(great_circle_km(lat, lon, *where)) + FIXED_ONE_WAY_MS, 3)
-            for code, where in self.regions.items()
-        }
+    def relay_argv(self, upstream_port: int, relay_ports: Mapping[str, int],
+                   delays: Mapping[str, float]) -> list[str]:
+        argv = [self.python, "-m", "controlplane.provisioning.netem",
+                "--upstream", f"{self.host}:{upstream_port}"]
+        for code in sorted(relay_ports):
+            argv += ["--listen", f"{self.host}:{relay_ports[code]}={delays[code]}"]
+        return argv
 
-    def launch(self, spec: ReplicaSpec) -> ProviderHandle:
-        region_key = f"local:{spec.region}"
-        delays = self.delays_from(region_key)
+    def _spawn(self, argv: list[str], replica_id: str, env: Mapping[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        log = open(self.state_dir / f"{spec.replica_id}.log", "ab")  # noqa: SIM115
-        engine = subprocess.Popen(self.engine_argv(spec, port), stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        relay_ports = {code: free_port() for code in delays}
-        relay_argv = [self.python, "-m", "controlplane.provisioning.netem", "--upstream",
-                      f"127.0.0.1:{port}"]
-        for code, relay_port in relay_ports.items():
-            relay_argv += ["--listen", f"127.0.0.1:{relay_port}={delays[code]}"]
-        relay = subprocess.Popen(relay_argv, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        log.close()
-        data = {
-            "replica_id": spec.replica_id, "region": region_key, "pid": engine.pid,
-            "relay_pid": relay.pid, "port": port, "url": f"http://127.0.0.1:{port}",
-            "urls_by_region": {c: f"http://127.0.0.1:{p}" for c, p in relay_ports.items()},
-            "delays_ms": delays, "served_model_name": spec.served_model_name,
-            "started_at": time.time(),
+        with open(self.log_path(replica_id), "ab") as log:
+            try:
+                return subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+                    start_new_session=True,  # own process group: killed as one, outlives us
+                )
+            except OSError as exc:
+                raise ProviderError("unavailable", f"cannot start {argv[0]} for {replica_id}: "
+                                                   f"{exc}") from exc
+
+    def _start_relay(self, record: dict[str, Any]) -> None:
+        argv = self.relay_argv(record["port"], record["relay_ports"], record["delays_ms"])
+        relay = self._spawn(argv, record["replica_id"])
+        record.update(relay_pid=relay.pid, relay_cmdline=argv)
+
+    # -- the protocol -----------------------------------------------------------------------
+    def launch(self, spec: ReplicaSpec) -> ProviderHandle:
+        region = self.region_key(spec.region) or self.region_key(f"{spec.cloud}:{spec.region}")
+        if region is None:
+            raise ProviderError("invalid", f"{spec.cloud}:{spec.region} is not a lab region "
+                                           f"(known: {', '.join(sorted(self.regions))})")
+        existing = self.read_record(spec.replica_id)
+        if existing and is_our_process(existing.get("pid"), existing.get("cmdline")):
+            # A retried launch job: the replica is already running, do not start a second one.
+            return ProviderHandle(self.name, spec.replica_id, existing)
+        delays = self.delays_from(region)
+        kind = self.engine_kind()
+        port = free_port(self.host)
+        argv = self.engine_argv(spec, port, kind)
+        relay_ports = {code: free_port(self.host) for code in delays}
+        record: dict[str, Any] = {
+            "replica_id": spec.replica_id, "region": region, "engine": kind,
+            "served_model_name": spec.served_model_name, "port": port,
+            "url": f"http://{self.host}:{port}",
+            "relay_ports": relay_ports, "delays_ms": delays,
+            "urls_by_region": {c: f"http://{self.host}:{p}" for c, p in relay_ports.items()},
+            "log": str(self.log_path(spec.replica_id)),
+            "started_at": datetime.now(UTC).isoformat(),
+            "pid": None, "cmdline": argv, "relay_pid": None, "relay_cmdline": None,
         }
-        self._write_record(data)
-        return ProviderHandle(self.name, spec.replica_id, data)
+        # The record exists before any process does, so a crash mid-launch leaves
+        # something for reap() to find.
+        self._write_record(record)
+        engine = self._spawn(argv, spec.replica_id, spec.env)
+        record["pid"] = engine.pid
+        self._write_record(record)
+        try:
+            self._start_relay(record)
+        except ProviderError:
+            kill_group(engine.pid, self.grace_s)
+            self._record_path(spec.replica_id).unlink(missing_ok=True)
+            raise
+        self._write_record(record)
+        return ProviderHandle(self.name, spec.replica_id, record)
+
+    def _current(self, handle: ProviderHandle) -> dict[str, Any] | None:
+        """The record on disk (adopt may have moved the relay), not the launch-time copy."""
+        return self.read_record(handle.id)
 
     def poll(self, handle: ProviderHandle) -> ProviderStatus:
-        pid = handle.data.get("pid")
-        if not pid or not self._record_path(handle.id).exists():
-            return ProviderStatus("terminated", "no local record")
-        if not pid_alive(int(pid)):
-            return ProviderStatus("failed", f"engine process {pid} exited")
-        relay = handle.data.get("relay_pid")
-        if relay and not pid_alive(int(relay)):
-            return ProviderStatus("failed", f"network relay {relay} exited")
+        record = self._current(handle)
+        if record is None:
+            return ProviderStatus("terminated", "no local record: terminated or reaped")
+        pid = record.get("pid")
+        if not is_our_process(pid, record.get("cmdline")):
+            return ProviderStatus("failed", f"engine process {pid} exited"
+                                  + self._log_tail(handle.id), error_kind="other")
+        relay = record.get("relay_pid")
+        if not is_our_process(relay, record.get("relay_cmdline")):
+            return ProviderStatus("failed", f"network relay {relay} exited", error_kind="other")
         try:
-            with urllib.request.urlopen(handle.data["url"] + "/health", timeout=1.0) as response:
-                if response.status == 200:
-                    return ProviderStatus("running", "engine answers /health")
+            with urllib.request.urlopen(record["url"] + "/health", timeout=1.0) as response:
+                healthy = response.status == 200
         except OSError as exc:
             return ProviderStatus("starting", f"engine not answering yet: {exc}")
-        return ProviderStatus("starting", "engine not healthy yet")
+        if not healthy:
+            return ProviderStatus("starting", "engine not healthy yet")
+        if not self._relay_listening(record):
+            return ProviderStatus("starting", "network relay not listening yet")
+        return ProviderStatus("running", "engine answers /health")
+
+    def _relay_listening(self, record: Mapping[str, Any]) -> bool:
+        for relay_port in record.get("relay_ports", {}).values():
+            try:
+                socket.create_connection((self.host, int(relay_port)), timeout=0.5).close()
+            except OSError:
+                return False
+        return True
+
+    def _log_tail(self, replica_id: str, limit: int = 400) -> str:
+        try:
+            with open(self.log_path(replica_id), "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - limit))
+                tail = log.read().decode(errors="replace").strip()
+        except OSError:
+            return ""
+        return f"; log ends: {tail[-limit:]}" if tail else ""
 
     def endpoint(self, handle: ProviderHandle, from_region: str | None = None) -> str | None:
-        if from_region is not None:
-            url = handle.data.get("urls_by_region", {}).get(from_region)
+        record = self._current(handle) or handle.data
+        key = self.region_key(from_region)
+        if key is not None:
+            url = record.get("urls_by_region", {}).get(key)
             if url:
                 return str(url)
-        return handle.data.get("url")
+        url = record.get("url")
+        return str(url) if url else None
 
     def terminate(self, handle: ProviderHandle) -> None:
-        for key in ("pid", "relay_pid"):
-            pid = handle.data.get(key)
-            if pid:
-                kill_group(int(pid))
+        record = self._current(handle) or handle.data
+        self._stop_processes(record)
         self._record_path(handle.id).unlink(missing_ok=True)
 
+    def _stop_processes(self, record: Mapping[str, Any]) -> None:
+        # The relay first, so nothing new reaches an engine that is shutting down.
+        for pid_key, cmd_key in (("relay_pid", "relay_cmdline"), ("pid", "cmdline")):
+            pid = record.get(pid_key)
+            if is_our_process(pid, record.get(cmd_key)):
+                kill_group(int(pid), self.grace_s)  # type: ignore[arg-type]
+
     def observe_offers(self) -> list[OfferObservation]:
+        now = datetime.now(UTC)
+        kind = self.engine_kind()
         return [
-            OfferObservation("local", code.split(":", 1)[1], "H100", 1, "enginesim",
-                             self.price_usd_h, None, "lab")
-            for code in self.regions
+            OfferObservation("local", r.bare_code, self.gpu, 1, kind,
+                             r.price_usd_h if r.price_usd_h is not None else self.price_usd_h,
+                             None, "lab", now)
+            for r in self.lab_regions
         ]
 
     # -- restart safety ---------------------------------------------------------------------
+    @staticmethod
+    def _launching(record: Mapping[str, Any]) -> bool:
+        if record.get("relay_pid"):
+            return False
+        try:
+            started = datetime.fromisoformat(str(record.get("started_at")))
+        except ValueError:
+            return False
+        return (datetime.now(UTC) - started).total_seconds() < LAUNCH_GRACE_S
+
+    def adopt(self) -> list[ProviderHandle]:
+        """Handles of every replica whose engine still runs; restarts relays that died.
+
+        Records of dead engines are left for reap(), which also stops their relays.
+        """
+        adopted = []
+        for record in self.records():
+            rid = record.get("replica_id", "")
+            if self._launching(record):
+                continue
+            if not rid or not is_our_process(record.get("pid"), record.get("cmdline")):
+                continue
+            if not is_our_process(record.get("relay_pid"), record.get("relay_cmdline")):
+                try:
+                    self._start_relay(record)  # same ports, so the URLs edges hold stay valid
+                except ProviderError:
+                    continue
+                self._write_record(record)
+            adopted.append(ProviderHandle(self.name, rid, record))
+        return adopted
+
+    def reap(self, wanted: set[str] | None = None) -> list[str]:
+        """Forget replicas whose engine is gone (stopping orphan relays) and, when `wanted` is
+        given, terminate live replicas that no one wants any more. Returns the reaped ids."""
+        reaped = []
+        for record in self.records():
+            rid = str(record.get("replica_id", ""))
+            if self._launching(record):
+                continue
+            alive = is_our_process(record.get("pid"), record.get("cmdline"))
+            if alive and (wanted is None or rid in wanted):
+                continue
+            self._stop_processes(record)
+            if rid:
+                self._record_path(rid).unlink(missing_ok=True)
+            reaped.append(rid)
+        return reaped
+
     def adopt_or_reap(self, wanted: set[str]) -> tuple[list[str], list[str]]:
-        """Keep live processes of replicas still wanted; kill and forget all others.
+        """Keep live processes of replicas still wanted; stop and forget all others.
 
         Returns (adopted, reaped) replica ids.
         """
-        adopted, reaped = [], []
-        for record in self.records():
-            rid = record.get("replica_id", "")
-            alive = pid_alive(int(record.get("pid", 0) or 0))
-            if rid in wanted and alive:
-                adopted.append(rid)
-                continue
-            self.terminate(ProviderHandle(self.name, rid, record))
-            reaped.append(rid)
+        reaped = self.reap(wanted)
+        adopted = [handle.id for handle in self.adopt()]
         return adopted, reaped

@@ -2,8 +2,10 @@
 
 `python -m controlplane.provisioning.netem --upstream HOST:PORT --listen HOST:PORT=DELAY_MS
 [--listen ...]` accepts on each listen address and relays to the upstream, holding every
-chunk for DELAY_MS in each direction. Chunks are queued with their due time, so the delay
-adds latency without limiting throughput (a reader never waits on a sleeping writer).
+chunk for DELAY_MS in each direction (so a round trip costs twice DELAY_MS). Each direction
+is a reader that stamps chunks with their due time and a writer that releases them when due,
+so the delay adds latency without limiting throughput: a reader never waits on a sleeping
+writer, and many chunks can be in flight at once, as on a long link.
 """
 
 from __future__ import annotations
@@ -16,77 +18,109 @@ import time
 from collections import deque
 
 CHUNK = 64 * 1024
+# Bytes a direction may hold before it stops reading: the link's bandwidth-delay product
+# for the lab (a few hundred MB/s over a few hundred ms) without unbounded memory.
+MAX_IN_FLIGHT = 32 * 1024 * 1024
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
-    queue: deque[tuple[float, bytes]] = deque()
-    ready = asyncio.Event()
-    done = False
+class _DelayedDirection:
+    """One direction of one connection: stamp on read, release on due time."""
 
-    async def read() -> None:
-        nonlocal done
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 delay_s: float) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.delay_s = delay_s
+        self.queue: deque[tuple[float, bytes]] = deque()
+        self.queued_bytes = 0
+        self.eof = False
+        self.readable = asyncio.Event()  # something queued, or EOF
+        self.room = asyncio.Event()  # below MAX_IN_FLIGHT
+        self.room.set()
+
+    async def read(self) -> None:
         try:
-            while data := await reader.read(CHUNK):
-                queue.append((time.monotonic() + delay_s, data))
-                ready.set()
+            while data := await self.reader.read(CHUNK):
+                self.queue.append((time.monotonic() + self.delay_s, data))
+                self.queued_bytes += len(data)
+                self.readable.set()
+                if self.queued_bytes >= MAX_IN_FLIGHT:
+                    self.room.clear()
+                    await self.room.wait()
         except (ConnectionError, OSError):
             pass
         finally:
-            done = True
-            ready.set()
+            self.eof = True
+            self.readable.set()
 
-    reading = asyncio.create_task(read())
-    try:
-        while True:
-            if not queue:
-                if done:
-                    break
-                ready.clear()
-                await ready.wait()
-                continue
-            due, data = queue[0]
-            wait = due - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            queue.popleft()
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        reading.cancel()
-        with contextlib.suppress(Exception):
-            if writer.can_write_eof():
-                writer.write_eof()
+    async def write(self) -> None:
+        try:
+            while True:
+                if not self.queue:
+                    if self.eof:
+                        break
+                    self.readable.clear()
+                    await self.readable.wait()
+                    continue
+                due, data = self.queue[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                self.queue.popleft()
+                self.queued_bytes -= len(data)
+                if self.queued_bytes < MAX_IN_FLIGHT:
+                    self.room.set()
+                self.writer.write(data)
+                await self.writer.drain()
+            # Pass the half-close on, so request/response protocols see the end of input.
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+        except (ConnectionError, OSError):
+            pass
+
+    async def run(self) -> None:
+        reading = asyncio.create_task(self.read())
+        try:
+            await self.write()
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
 
 
-async def _relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
-                 upstream: tuple[str, int], delay_s: float) -> None:
+async def relay_connection(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
+                           upstream: tuple[str, int], delay_s: float) -> None:
     try:
         up_r, up_w = await asyncio.open_connection(*upstream)
     except OSError:
         client_w.close()
         return
-    await asyncio.gather(_pump(client_r, up_w, delay_s), _pump(up_r, client_w, delay_s))
-    for w in (client_w, up_w):
-        with contextlib.suppress(Exception):
-            w.close()
+    try:
+        await asyncio.gather(_DelayedDirection(client_r, up_w, delay_s).run(),
+                             _DelayedDirection(up_r, client_w, delay_s).run())
+    finally:
+        for w in (client_w, up_w):
+            with contextlib.suppress(Exception):
+                w.close()
 
 
-async def serve(upstream: tuple[str, int], listens: list[tuple[str, int, float]]) -> None:
+async def serve(upstream: tuple[str, int], listens: list[tuple[str, int, float]],
+                stop: asyncio.Event | None = None) -> None:
+    """Relay until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
     servers = []
     for host, port, delay_ms in listens:
         delay_s = delay_ms / 1000.0
 
         async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter,
                          delay_s: float = delay_s) -> None:
-            await _relay(r, w, upstream, delay_s)
+            await relay_connection(r, w, upstream, delay_s)
 
         servers.append(await asyncio.start_server(handle, host, port))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     for server in servers:
         server.close()
@@ -98,9 +132,13 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def parse_listen(text: str) -> tuple[str, int, float]:
+    """`HOST:PORT=DELAY_MS` (delay optional, one way) as (host, port, delay_ms)."""
     address, _, delay = text.partition("=")
     host, port = _host_port(address)
-    return host, port, float(delay or 0)
+    delay_ms = float(delay or 0)
+    if delay_ms < 0:
+        raise argparse.ArgumentTypeError(f"negative delay in {text!r}")
+    return host, port, delay_ms
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,11 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         import uvloop
-
-        uvloop.install()
     except ImportError:
-        pass
-    asyncio.run(serve(args.upstream, args.listen))
+        asyncio.run(serve(args.upstream, args.listen))
+    else:
+        uvloop.run(serve(args.upstream, args.listen))
 
 
 if __name__ == "__main__":

@@ -43,10 +43,14 @@ def provider_name_for(region: Region) -> str:
 
 
 def get_provider(name: str) -> Provider:
-    """The process-wide provider instance for `name` (built on first use)."""
-    if name not in _providers:
-        _providers[name] = _build_provider(name)
-    return _providers[name]
+    """The provider instance for `name`: one installed with set_provider, else a fresh one.
+
+    Fresh each call: the local provider's regions come from the database and may have been
+    added since this worker started (the lab creates them after starting its worker).
+    """
+    if name in _providers:
+        return _providers[name]
+    return _build_provider(name)
 
 
 def set_provider(name: str, provider: Provider | None) -> None:
@@ -175,8 +179,9 @@ def launch(replica_id: int) -> Replica | None:
     ).get(pk=replica_id)
     try:
         replica = transition(replica, S.PROVISIONING, actor=SYSTEM, reason="launch requested")
-    except IllegalTransition:
-        return None  # someone else launched it, or it was cancelled
+    except IllegalTransition as exc:
+        log.info("not launching: %s", exc)  # someone else launched it, or it was cancelled
+        return None
     replica = Replica.objects.select_related(
         "deployment__model", "region__cloud", "offer__gpu_type"
     ).get(pk=replica_id)

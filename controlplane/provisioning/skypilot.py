@@ -1,0 +1,523 @@
+"""SkyPilotProvider: one replica is one SkyPilot cluster running `vllm serve` (DESIGN §4).
+
+This module holds the task renderer (`render_replica_task`, from
+`infra/skypilot/replica.yaml.j2`), its validator (`validate_replica_task`, SkyPilot's own
+`Task.from_yaml_config`, which needs no API server), the mapping from SkyPilot exceptions
+to `ProviderError` kinds (`error_from_skypilot`), and the provider, which drives
+SkyPilot's request-ID SDK (`launch`, `api_status`, `get`, `status`, `endpoints`, `down`)
+with a time limit on every call. `sky` is imported lazily, and the SDK is one injectable
+object, so nothing here needs a cloud account or an API server until a call is made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import threading
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jinja2
+import yaml
+
+from controlplane.provisioning.base import (
+    Capabilities,
+    OfferObservation,
+    ProviderError,
+    ProviderHandle,
+    ProviderStatus,
+    ReplicaSpec,
+)
+
+T = TypeVar("T")
+
+TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "infra" / "skypilot" / "replica.yaml.j2"
+CLUSTER_PREFIX = "mrd-"
+RAY_PORT = 6379
+# Secrets the template declares without a value; filled in at launch from os.environ.
+OPTIONAL_SECRETS = ("HF_TOKEN",)
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+KV_OFFLOAD_BACKENDS = ("native", "lmcache")
+# Clouds the catalog is read for: SkyPilot's name -> Meridian's Cloud.name.
+DEFAULT_CLOUDS = {"aws": "aws", "gcp": "gcp"}
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}([a-z0-9.+-]*)$")
+_ACCELERATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_QUOTA_WORDS = ("quota", "limitexceeded", "limit exceeded", "vcpulimit", "not enough quota")
+_CREDENTIAL_WORDS = ("not enabled", "sky check", "credential", "unauthorized", "access denied",
+                     "authfailure", "permission denied")
+
+
+# -- rendering and validation ---------------------------------------------------------------
+
+def cluster_name_for(replica_id: str) -> str:
+    """`mrd-<replica_id>`, lower-cased and limited to what every cloud accepts."""
+    tail = re.sub(r"[^a-z0-9-]+", "-", replica_id.lower()).strip("-") or "replica"
+    return (CLUSTER_PREFIX + tail)[:40].rstrip("-")
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_PATH.parent)),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, autoescape=False,
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env.get_template(TEMPLATE_PATH.name)
+
+
+def _kv_transfer_config(spec: ReplicaSpec) -> tuple[str, list[str]]:
+    """vLLM's `--kv-transfer-config` JSON for prefill/decode disaggregation, and extra pips."""
+    if not spec.disaggregation:
+        return "", []
+    conf = dict(spec.disaggregation)
+    pips = conf.pop("pip", [])
+    if isinstance(pips, str):
+        pips = [pips]
+    conf.setdefault("kv_connector", "NixlConnector")
+    conf.setdefault("kv_role", "kv_both")
+    if conf["kv_role"] not in KV_ROLES:
+        raise ProviderError("invalid", f"disaggregation kv_role {conf['kv_role']!r} is not one "
+                                       f"of {', '.join(KV_ROLES)}")
+    if not isinstance(conf["kv_connector"], str) or not conf["kv_connector"]:
+        raise ProviderError("invalid", "disaggregation kv_connector must be a connector name")
+    return json.dumps(conf, sort_keys=True, separators=(",", ":")), [str(p) for p in pips]
+
+
+def _kv_offload(spec: ReplicaSpec) -> dict[str, Any] | None:
+    if not spec.kv_offload:
+        return None
+    size = spec.kv_offload.get("size_gib")
+    backend = spec.kv_offload.get("backend", "native")
+    if not isinstance(size, int | float) or isinstance(size, bool) or size <= 0:
+        raise ProviderError("invalid", f"kv_offload size_gib must be a positive number of GiB, "
+                                       f"got {size!r}")
+    if backend not in KV_OFFLOAD_BACKENDS:
+        raise ProviderError("invalid", f"kv_offload backend {backend!r} is not one of "
+                                       f"{', '.join(KV_OFFLOAD_BACKENDS)}")
+    return {"size_gib": int(size) if float(size).is_integer() else size, "backend": backend}
+
+
+def check_spec(spec: ReplicaSpec) -> None:
+    """Refuse specs no SkyPilot task or vLLM server could honour, naming the field."""
+    problems = []
+    if not spec.cloud or not re.fullmatch(r"[a-z0-9-]+", spec.cloud):
+        problems.append(f"cloud {spec.cloud!r} is not a SkyPilot cloud name")
+    if not spec.region or not re.fullmatch(r"[A-Za-z0-9_.-]+", spec.region):
+        problems.append(f"region {spec.region!r} is not a region code")
+    if not _ACCELERATOR.fullmatch(spec.accelerator or ""):
+        problems.append(f"accelerator {spec.accelerator!r} is not an accelerator name")
+    for field in ("gpus_per_node", "nodes", "tensor_parallel", "pipeline_parallel",
+                  "max_model_len", "disk_gb"):
+        if int(getattr(spec, field)) < 1:
+            problems.append(f"{field} must be at least 1, got {getattr(spec, field)}")
+    if not 1 <= spec.port <= 65535 or spec.port == RAY_PORT:
+        problems.append(f"port {spec.port} is not usable for the engine")
+    if not _ENV_NAME.fullmatch(spec.api_key_env or ""):
+        problems.append(f"api_key_env {spec.api_key_env!r} is not an environment variable name")
+    if not _VERSION.fullmatch(spec.vllm_version or ""):
+        problems.append(f"vllm_version {spec.vllm_version!r} is not a pinned version")
+    for key in spec.env:
+        if not _ENV_NAME.fullmatch(key) or key in (spec.api_key_env, *OPTIONAL_SECRETS):
+            problems.append(f"env {key!r} is not allowed (bad name, or a secret)")
+    if not problems:
+        world = spec.tensor_parallel * spec.pipeline_parallel
+        gpus = spec.gpus_per_node * spec.nodes
+        if world > gpus:
+            problems.append(
+                f"tensor_parallel {spec.tensor_parallel} × pipeline_parallel "
+                f"{spec.pipeline_parallel} = {world} GPUs, but {spec.nodes} node(s) × "
+                f"{spec.accelerator}:{spec.gpus_per_node} has {gpus}")
+        if spec.nodes > 1 and spec.pipeline_parallel % spec.nodes:
+            problems.append(f"pipeline_parallel {spec.pipeline_parallel} does not split evenly "
+                            f"over {spec.nodes} nodes")
+    if spec.disaggregation and spec.kv_offload:
+        problems.append("disaggregation and kv_offload each set vLLM's KV connector; "
+                        "use one of them")
+    if problems:
+        raise ProviderError("invalid", "; ".join(problems))
+
+
+def render_replica_task(spec: ReplicaSpec) -> str:
+    """The SkyPilot task YAML for one replica (pure: reads only the template)."""
+    check_spec(spec)
+    kv_transfer_config, extra_pips = _kv_transfer_config(spec)
+    kv_offload = _kv_offload(spec)
+    pips = [f"vllm=={spec.vllm_version}"]
+    if spec.nodes > 1:
+        pips.append("ray[default]")
+    if kv_offload and kv_offload["backend"] == "lmcache":
+        pips.append("lmcache")
+    pips.extend(extra_pips)
+    return _template().render(
+        replica_id=spec.replica_id, deployment=spec.deployment,
+        cluster_name=cluster_name_for(spec.replica_id), cloud=spec.cloud, region=spec.region,
+        accelerator=spec.accelerator, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes,
+        use_spot=spec.use_spot, disk_gb=spec.disk_gb, port=spec.port,
+        vllm_version=spec.vllm_version, env=sorted(spec.env.items()),
+        api_key_env=spec.api_key_env, pip_packages=pips, ray_port=RAY_PORT, model=spec.model,
+        served_model_name=spec.served_model_name, tensor_parallel=spec.tensor_parallel,
+        pipeline_parallel=spec.pipeline_parallel, max_model_len=spec.max_model_len,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        kv_transfer_config=kv_transfer_config, kv_offload=kv_offload,
+    )
+
+
+def _load_yaml(yaml_text: str) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(yaml_text)
+    except yaml.YAMLError as exc:
+        raise ProviderError("invalid", f"task is not valid YAML: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ProviderError("invalid", "task YAML is not a mapping")
+    return config
+
+
+def task_from_yaml(yaml_text: str, sdk: Any = None,
+                   secrets: Iterable[tuple[str, str]] | None = None) -> Any:
+    """A `sky.Task` from YAML text; any SkyPilot complaint becomes ProviderError('invalid')."""
+    config = _load_yaml(yaml_text)
+    if sdk is None:
+        import sky as sdk  # noqa: PLC0415 - heavy, and only needed here
+    try:
+        return sdk.Task.from_yaml_config(config, secrets_overrides=list(secrets or []) or None)
+    except Exception as exc:  # SkyPilot raises ValueError and its own schema errors
+        raise ProviderError("invalid", f"SkyPilot rejects the task: {_first_line(exc)}") from exc
+
+
+def validate_replica_task(yaml_text: str) -> None:
+    """Parse the YAML and build a `sky.Task` from it; raise ProviderError('invalid') if either
+    fails, or if the task lost what a replica needs (cloud, region, accelerators, ports)."""
+    task = task_from_yaml(yaml_text)
+    resources = list(task.resources)
+    if len(resources) != 1:
+        raise ProviderError("invalid", f"a replica task has one resources entry, got "
+                                       f"{len(resources)}")
+    res = resources[0]
+    missing = [name for name, value in (("cloud", res.cloud), ("region", res.region),
+                                        ("accelerators", res.accelerators),
+                                        ("ports", res.ports)) if not value]
+    if missing:
+        raise ProviderError("invalid", f"task resources lack {', '.join(missing)}")
+    if not task.run or "vllm serve" not in str(task.run):
+        raise ProviderError("invalid", "task run does not start `vllm serve`")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # SkyPilot colours some messages
+    return text.splitlines()[0][:500]
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+def _class_names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+def error_from_skypilot(exc: BaseException, doing: str = "") -> ProviderError:
+    """Map a SkyPilot (or transport) exception to the ProviderError kind an operator acts on."""
+    if isinstance(exc, ProviderError):
+        return exc
+    names = _class_names(exc)
+    message = _first_line(exc)
+    texts = [str(exc)]
+    for nested in list(getattr(exc, "failover_history", None) or []) + list(
+            getattr(exc, "reasons", None) or []):
+        texts.append(f"{type(nested).__name__}: {nested}")
+    blob = " ".join(texts).lower()
+    prefix = f"{doing}: " if doing else ""
+    credential_classes = {"InvalidCloudCredentials", "CloudUserIdentityError",
+                          "NoCloudAccessError", "InvalidCloudConfigs",
+                          "ApiServerAuthenticationError", "PermissionDeniedError",
+                          "ClusterOwnerIdentityMismatchError"}
+    if names & credential_classes:
+        kind = "credentials"
+    elif names & {"ResourcesUnavailableError", "ProvisionPrechecksError"}:
+        if any(word in blob for word in _QUOTA_WORDS):
+            kind = "quota"
+        elif any(word in blob for word in _CREDENTIAL_WORDS):
+            kind = "credentials"
+        else:
+            kind = "no_capacity"
+    elif names & {"TimeoutError", "Timeout", "ReadTimeout", "ConnectTimeout"}:
+        kind = "timeout"
+    elif names & {"ApiServerConnectionError", "ServerTemporarilyUnavailableError",
+                  "NetworkError", "ConnectionError", "KubeAPIUnreachableError",
+                  "APIVersionMismatchError"}:
+        kind = "unavailable"
+    elif names & {"InvalidSkyPilotConfigError", "InvalidClusterNameError",
+                  "ResourcesMismatchError", "NotSupportedError", "ProvisionUnsupportedError",
+                  "UserRequestRejectedByPolicy", "ValueError"}:
+        kind = "invalid"
+    else:
+        kind = "other"
+    error = ProviderError(kind, prefix + message)
+    error.__cause__ = exc
+    return error
+
+
+def _bounded(fn: Callable[[], T], timeout_s: float, doing: str) -> T:
+    """Run `fn` in a daemon thread; ProviderError('timeout') if it is not done in time.
+
+    A call that overruns is abandoned, not killed: SkyPilot's SDK offers no cancellation of
+    a blocked HTTP call, and a daemon thread does not hold the worker open.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"skypilot {doing}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise ProviderError("timeout", f"{doing}: no answer from SkyPilot in {timeout_s:g} s")
+    if "error" in box:
+        raise error_from_skypilot(box["error"], doing)
+    return box["value"]  # type: ignore[no-any-return]
+
+
+# -- the provider ---------------------------------------------------------------------------
+
+def _enum_value(value: Any) -> str:
+    return str(getattr(value, "value", value) or "").upper()
+
+
+class SkyPilotProvider:
+    """Replicas as SkyPilot clusters named `mrd-<replica_id>`; routing stays ours."""
+
+    name = "skypilot"
+    # adopt_or_reap works, but it lists every cluster through the API server, so it is not
+    # advertised for the every-few-seconds reconcile loop; call it at start-up instead.
+    capabilities = Capabilities(spot=True, multi_node=True, network_emulation=False,
+                                offers_catalog=True, adopts_after_restart=False)
+
+    def __init__(self, sdk: Any = None, timeout_s: float = 60.0,
+                 clouds: dict[str, str] | None = None, gpus: Iterable[str] | None = None,
+                 environ: dict[str, str] | None = None) -> None:
+        self._sdk = sdk
+        self.timeout_s = timeout_s
+        self.clouds = dict(clouds or DEFAULT_CLOUDS)
+        self.gpus = set(gpus) if gpus is not None else None
+        self.environ = environ if environ is not None else os.environ
+
+    @property
+    def sdk(self) -> Any:
+        if self._sdk is None:
+            import sky  # noqa: PLC0415 - slow to import; only when a call is made
+
+            self._sdk = sky
+        return self._sdk
+
+    def _call(self, doing: str, fn: Callable[[], T]) -> T:
+        return _bounded(fn, self.timeout_s, doing)
+
+    # -- launch -----------------------------------------------------------------------------
+    def _secrets(self, spec: ReplicaSpec) -> list[tuple[str, str]]:
+        key = self.environ.get(spec.api_key_env)
+        if not key:
+            raise ProviderError("credentials", f"environment variable {spec.api_key_env} (the "
+                                               "engine API key) is not set on the control plane")
+        return [(spec.api_key_env, key)] + [(name, self.environ.get(name, ""))
+                                            for name in OPTIONAL_SECRETS]
+
+    def launch(self, spec: ReplicaSpec) -> ProviderHandle:
+        """Submit `sky.launch` and return at once with its request id; poll() follows it."""
+        yaml_text = render_replica_task(spec)
+        task = task_from_yaml(yaml_text, self.sdk, self._secrets(spec))
+        cluster = cluster_name_for(spec.replica_id)
+        request_id = self._call(f"launch {cluster}", lambda: self.sdk.launch(
+            task, cluster_name=cluster, retry_until_up=False, down=False))
+        data = {"cluster": cluster, "launch_request": str(request_id), "port": spec.port,
+                "cloud": spec.cloud, "region": spec.region, "spot": spec.use_spot}
+        return ProviderHandle(self.name, spec.replica_id, data)
+
+    # -- poll -------------------------------------------------------------------------------
+    def _request_status(self, request_id: str) -> str:
+        payloads = self._call("check launch request",
+                              lambda: self.sdk.api_status(request_ids=[request_id]))
+        for payload in payloads or []:
+            status = payload.get("status") if isinstance(payload, dict) else getattr(
+                payload, "status", None)
+            return _enum_value(status)
+        return ""
+
+    def _cluster(self, cluster: str) -> Any | None:
+        def ask() -> Any:
+            # AUTO refreshes spot clusters from the cloud, so a preemption shows up here.
+            request_id = self.sdk.status(cluster_names=[cluster],
+                                         refresh=self.sdk.StatusRefreshMode.AUTO)
+            return self.sdk.get(request_id)
+
+        records = self._call(f"status {cluster}", ask) or []
+        for record in records:
+            name = record.get("name") if isinstance(record, dict) else getattr(record, "name", "")
+            if name == cluster:
+                return record
+        return None
+
+    @staticmethod
+    def _field(record: Any, name: str) -> Any:
+        return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
+
+    def poll(self, handle: ProviderHandle) -> ProviderStatus:
+        """provisioning while `sky.launch` runs, running once it succeeded and the cluster is
+        UP, failed when the launch failed (with the mapped kind) or the cluster broke,
+        terminated when the cluster is gone; unknown when SkyPilot cannot be asked."""
+        cluster = handle.data.get("cluster", "")
+        request_id = handle.data.get("launch_request", "")
+        if not cluster:
+            return ProviderStatus("terminated", "handle names no cluster")
+        try:
+            request = self._request_status(request_id) if request_id else "SUCCEEDED"
+            if request in ("FAILED", "CANCELLED"):
+                return self._failed_launch(request_id, request)
+            record = self._cluster(cluster)
+        except ProviderError as exc:
+            return ProviderStatus("unknown", str(exc))
+        launching = request in ("PENDING", "WAITING", "RUNNING")
+        if record is None:
+            if launching:
+                return ProviderStatus("provisioning", f"sky.launch {request.lower()}")
+            return ProviderStatus("terminated", f"cluster {cluster} does not exist")
+        status = _enum_value(self._field(record, "status"))
+        if status == "UP":
+            if launching:
+                return ProviderStatus("starting", f"cluster {cluster} is up; launch finishing")
+            return ProviderStatus("running", f"cluster {cluster} is up")
+        if status == "INIT":
+            if launching:
+                return ProviderStatus("provisioning", f"cluster {cluster} is provisioning")
+            reason = self._field(record, "init_status_reason") or "abnormal state"
+            if self._field(record, "init_kind") == "unhealthy":
+                return ProviderStatus("failed", f"cluster {cluster} is unhealthy: {reason}")
+            return ProviderStatus("starting", f"cluster {cluster} is initialising: {reason}")
+        if status == "STOPPED":
+            return ProviderStatus("failed", f"cluster {cluster} stopped (preempted or stopped "
+                                            "outside Meridian)")
+        return ProviderStatus("unknown", f"cluster {cluster} reports {status or 'nothing'}")
+
+    def _failed_launch(self, request_id: str, request: str) -> ProviderStatus:
+        if request == "CANCELLED":
+            return ProviderStatus("terminated", "sky.launch was cancelled")
+        try:
+            self._call("launch result", lambda: self.sdk.get(request_id))
+        except ProviderError as exc:
+            return ProviderStatus("failed", str(exc))
+        return ProviderStatus("failed", "other: sky.launch failed")
+
+    # -- endpoint ---------------------------------------------------------------------------
+    def endpoint(self, handle: ProviderHandle, from_region: str | None = None) -> str | None:
+        """`http://<head ip>:<port>` from `sky.endpoints`, else from the status record's handle
+        (clouds see one address from every region, so `from_region` does not matter)."""
+        cluster = handle.data.get("cluster", "")
+        port = int(handle.data.get("port", 8000))
+        try:
+            found = self._call(f"endpoints {cluster}", lambda: self.sdk.get(
+                self.sdk.endpoints(cluster, port)))
+        except ProviderError:
+            found = None
+        if found:
+            url = found.get(port) or found.get(str(port)) or next(iter(found.values()))
+            return url if "://" in str(url) else f"http://{url}"
+        try:
+            record = self._cluster(cluster)
+        except ProviderError:
+            return None
+        head_ip = getattr(self._field(record, "handle"), "head_ip", None) if record else None
+        return f"http://{head_ip}:{port}" if head_ip else None
+
+    # -- terminate --------------------------------------------------------------------------
+    def terminate(self, handle: ProviderHandle) -> None:
+        """Cancel a launch still in flight, then `sky.down`; a cluster already gone is fine."""
+        cluster = handle.data.get("cluster", "")
+        if not cluster:
+            return
+        request_id = handle.data.get("launch_request")
+        if request_id:
+            try:
+                if self._request_status(request_id) in ("PENDING", "WAITING", "RUNNING"):
+                    self._call("cancel launch", lambda: self.sdk.get(
+                        self.sdk.api_cancel(request_id)))
+            except ProviderError:
+                pass  # down below is what releases the machines
+        try:
+            self._call(f"down {cluster}", lambda: self.sdk.get(self.sdk.down(cluster)))
+        except ProviderError as exc:
+            cause = exc.__cause__
+            if cause is not None and _class_names(cause) & {"ClusterDoesNotExist"}:
+                return
+            if "does not exist" in exc.message.lower():
+                return
+            raise
+
+    # -- offers -----------------------------------------------------------------------------
+    def observe_offers(self) -> list[OfferObservation]:
+        """GPU instance types and prices per region from SkyPilot's catalog (which SkyPilot
+        downloads and caches); ProviderError('unavailable') when it cannot be read."""
+        def read() -> list[OfferObservation]:
+            out: list[OfferObservation] = []
+            for sky_cloud, our_cloud in sorted(self.clouds.items()):
+                listing = self.sdk.catalog.list_accelerators(
+                    gpus_only=True, clouds=sky_cloud, all_regions=True, require_price=True)
+                for gpu, infos in sorted(listing.items()):
+                    if self.gpus is not None and gpu not in self.gpus:
+                        continue
+                    out.extend(self._observations(our_cloud, gpu, infos))
+            return out
+
+        try:
+            return self._call("read the SkyPilot catalog", read)
+        except ProviderError as exc:
+            raise ProviderError("unavailable" if exc.kind in ("other", "timeout") else exc.kind,
+                                exc.message) from exc
+
+    @staticmethod
+    def _observations(cloud: str, gpu: str, infos: Iterable[Any]) -> list[OfferObservation]:
+        out = []
+        for info in infos:
+            count = float(info.accelerator_count)
+            price = float(info.price) if info.price is not None else math.nan
+            if not info.instance_type or count < 1 or not count.is_integer() or not (price > 0):
+                continue
+            spot = info.spot_price
+            spot_price = float(spot) if spot is not None and float(spot) > 0 else None
+            out.append(OfferObservation(cloud, info.region, gpu, int(count), info.instance_type,
+                                        price, spot_price, "skypilot-catalog"))
+        return out
+
+    # -- restart safety ---------------------------------------------------------------------
+    def adopt_or_reap(self, wanted: set[str]) -> tuple[list[str], list[str]]:
+        """Keep `mrd-*` clusters of wanted replica ids, `sky.down` all other `mrd-*` clusters.
+
+        Returns (adopted, reaped) replica ids as recovered from the cluster names.
+        """
+        wanted_by_cluster = {cluster_name_for(rid): rid for rid in wanted}
+
+        def ask() -> Any:
+            return self.sdk.get(self.sdk.status())
+
+        records = self._call("status of all clusters", ask) or []
+        adopted, reaped = [], []
+        for record in records:
+            cluster = str(self._field(record, "name") or "")
+            if not cluster.startswith(CLUSTER_PREFIX):
+                continue  # not ours
+            if cluster in wanted_by_cluster:
+                adopted.append(wanted_by_cluster[cluster])
+                continue
+            self.terminate(ProviderHandle(self.name, cluster[len(CLUSTER_PREFIX):],
+                                          {"cluster": cluster}))
+            reaped.append(cluster[len(CLUSTER_PREFIX):])
+        return adopted, reaped
