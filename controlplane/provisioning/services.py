@@ -107,8 +107,8 @@ def spec_for(replica: Replica) -> ReplicaSpec:
         region=replica.region.code,
         accelerator=offer.gpu_type.skypilot_name if offer else "H100",
         gpus_per_node=gpus,
-        nodes=max(deployment.pipeline_parallel, 1) if offer and offer.gpus_per_node < (
-            deployment.tensor_parallel * deployment.pipeline_parallel) else 1,
+        # Enough nodes of the offer's size for every TP × PP rank.
+        nodes=max(1, -(-deployment.tensor_parallel * deployment.pipeline_parallel // gpus)),
         use_spot=replica.spot,
         tensor_parallel=deployment.tensor_parallel,
         pipeline_parallel=deployment.pipeline_parallel,
