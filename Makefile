@@ -19,6 +19,7 @@ up: setup
 	$(BIN)/python -m controlplane.lab
 
 test: setup
+	bash tools/ensure_chromium.sh
 	$(BIN)/python -m controlplane.lab.prepare_tests
 	$(BIN)/python -m pytest
 

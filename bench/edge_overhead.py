@@ -12,7 +12,8 @@ Measured: latency at 1 concurrent request (targets interleaved request by reques
 on a shared machine hits all three alike) and at 32 (rounds alternating between targets);
 requests per second for JSON and streams per second for SSE at 32. "Added" latency is a
 proxy's percentile minus direct's. The edge's table lists two replicas (the same upstream
-under two ids), so its whole scheduling pipeline runs on every request.
+under two ids; `--replicas`), so its whole scheduling pipeline, prefix hashing included, runs
+on every request, as do authentication, the tenant's rate limits, metrics and the access log.
 
     python bench/edge_overhead.py --quick
 
@@ -26,6 +27,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -352,7 +354,6 @@ def start_nginx(upstream_port: int, workdir: Path) -> tuple[subprocess.Popen[byt
     process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(workdir)],
                                stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    import socket
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -428,6 +429,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run of about 30 seconds")
     parser.add_argument("--no-nginx", action="store_true")
+    parser.add_argument("--replicas", type=int, default=2,
+                        help="replica entries in the edge's table, all for the one upstream")
     parser.add_argument("--sse-gap-ms", type=float, default=1.0,
                         help="pause before each SSE event at the upstream")
     parser.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -449,8 +452,8 @@ def main() -> int:
         edge.start()
         url = f"http://127.0.0.1:{upstream_port}"
         edge.push(build_table(1, edge.name, {MODEL: [
-            replica_entry("bench-r1", url, max_inflight=1024),
-            replica_entry("bench-r2", url, max_inflight=1024),
+            replica_entry(f"bench-r{i + 1}", url, max_inflight=1024)
+            for i in range(args.replicas)
         ]}, {API_KEY: {"tenant": "bench", "jurisdictions": ["EU"], "rpm": 100_000_000,
                        "tpm": 1_000_000_000, "models": ["*"], "tier": "interactive"}}))
         log(f"edge on {edge.url} (access log {edge.access_log})")
@@ -475,6 +478,7 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     result["seconds"] = round(time.monotonic() - started, 1)
     result["upstream"] = "in-file minimal HTTP/1.1 server with vLLM-shaped answers"
+    result["edge_replicas"] = args.replicas
     result["cpus"] = os.cpu_count()
     log(f"done in {result['seconds']}s")
     print(json.dumps(result))

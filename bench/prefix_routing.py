@@ -1,19 +1,27 @@
 """Prefix-aware routing against round-robin and least-load, on a shared-prefix chat workload.
 
-Four enginesim replicas (the llama-8b-h100 timing profile, each with a KV cache of 24k
-tokens, so that not every replica can keep every conversation) sit behind a real Meridian
-edge. The workload is chat: a few long system prompts, many users, each user holding a
-multi-turn conversation that grows by its own messages and the answers it gets back. The
-same workload runs three times, with fresh engines each time, under three edge policies:
+Each policy gets its own four enginesim replicas (the llama-8b-h100 timing profile: 250 µs
+per uncached prompt token, 12 ms per output token, 30 ms fixed; a KV cache of 24k tokens
+each) behind its own Meridian edge; the three run side by side, at the same time, so that
+whatever else the machine does weighs on them alike:
 
 - round_robin: `policy.picker = "round_robin"`;
 - least_load: only the load scorer (in-flight, engine queue, KV use);
 - meridian: the default weights (latency, load, prefix affinity with bounded-load
   consistent hashing, cost).
 
-Measured per policy, at the client: time to first token (first content token of the stream)
-p50/p95, output tokens per second and requests per second over the run; at the engines: the
-prefix-cache hit rate (vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total).
+The workload is chat: eight long system prompts (~3,000 tokens each: together more than one
+replica's cache holds, a quarter of them fits), conversations of six turns by one user each,
+every turn a ~100-token message sent with the whole history and answered with 32 tokens.
+
+1. Saturation (the headline figures): 24 conversations at a time, each replaced by a new
+   one when it ends, no think time, for `--duration` seconds: TTFT (first content token at
+   the client) p50/p95 and output tokens per second.
+2. Steady load: new conversations arrive as a Poisson process at 70% (`--load`) of the rate
+   round-robin carried in phase 1, the same for every policy: TTFT p50/p95 at equal load.
+
+Prefix-cache hit rate per phase from the engines' vllm:prefix_cache_hits_total and
+vllm:prefix_cache_queries_total.
 
     python bench/prefix_routing.py --quick
 
@@ -176,10 +184,12 @@ async def conversation_slot(slot: int, session: aiohttp.ClientSession, url: str,
 
 
 def start_engines(ports: list[int], kv_cache_tokens: int) -> list[subprocess.Popen[bytes]]:
+    """Four enginesim processes; returns once all answer /health."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes = [subprocess.Popen(
         [sys.executable, "-m", "enginesim", "--port", str(port), "--model", MODEL,
          "--profile", "llama-8b-h100", "--kv-cache-tokens", str(kv_cache_tokens),
+         "--max-model-len", str(min(16_384, kv_cache_tokens)),
          "--seed", str(i)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
         for i, port in enumerate(ports)]
     deadline = time.monotonic() + 30
@@ -220,84 +230,165 @@ def cache_counts(ports: list[int]) -> tuple[float, float]:
     return hits, queries
 
 
-async def workload(url: str, systems: list[str], args: argparse.Namespace) -> RunResult:
+async def saturation(session: aiohttp.ClientSession, url: str, systems: list[str],
+                     args: argparse.Namespace, rng: random.Random) -> RunResult:
+    """Closed loop: `users` conversations at a time, back to back, for `duration` seconds."""
     result = RunResult()
-    rng = random.Random(args.seed)
-    timeout = aiohttp.ClientTimeout(total=120)
-    connector = aiohttp.TCPConnector(limit=args.users)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        started = time.perf_counter()
-        stop_at = started + args.duration
-        await asyncio.gather(*(
-            conversation_slot(slot, session, url, systems, args, random.Random(rng.random()),
-                              result, stop_at)
-            for slot in range(args.users)))
-        result.seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    stop_at = started + args.duration
+    await asyncio.gather(*(
+        conversation_slot(slot, session, url, systems, args, random.Random(rng.random()),
+                          result, stop_at)
+        for slot in range(args.users)))
+    result.seconds = time.perf_counter() - started
     return result
 
 
-def run_policy(name: str, systems: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    ports = [free_port() for _ in range(4)]
-    engines = start_engines(ports, args.kv_cache_tokens)
-    edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
-    try:
-        edge.start()
-        replicas = [replica_entry(f"{name}-r{i}", f"http://127.0.0.1:{port}",
+async def steady_load(session: aiohttp.ClientSession, url: str, systems: list[str],
+                      args: argparse.Namespace, rng: random.Random, rate: float) -> RunResult:
+    """Open loop: new conversations arrive as a Poisson process at `rate` a second, the same
+    for every policy, for `duration` seconds; each runs its turns to the end."""
+    result = RunResult()
+    started = time.perf_counter()
+    stop_at = started + args.duration
+    conversations = []
+    user = 1_000_000
+    while (now := time.perf_counter()) < stop_at:
+        conversations.append(asyncio.ensure_future(converse(
+            session, url, systems[rng.randrange(len(systems))], user, args.turns, args,
+            random.Random(rng.random()), result, float("inf"))))
+        user += 1
+        await asyncio.sleep(min(rng.expovariate(rate), stop_at - now))
+    await asyncio.gather(*conversations)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def phase(kind: str, urls: list[str], systems: list[str], args: argparse.Namespace,
+                ports: list[list[int]], rate: float = 0.0) -> list[RunResult]:
+    """Run one phase for every policy at once; cache hits are counted per phase."""
+    timeout = aiohttp.ClientTimeout(total=120)
+    before = [cache_counts(p) for p in ports]
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        if kind == "saturation":
+            runs = [saturation(session, url, systems, args, random.Random(args.seed))
+                    for url in urls]
+        else:
+            runs = [steady_load(session, url, systems, args, random.Random(args.seed + 1), rate)
+                    for url in urls]
+        results = list(await asyncio.gather(*runs))
+    for result, p, (hits, queries) in zip(results, ports, before, strict=True):
+        after_hits, after_queries = cache_counts(p)
+        result.hits, result.queries = after_hits - hits, after_queries - queries
+    return results
+
+
+class PolicyUnderTest:
+    """Four fresh engines and an edge applying one policy."""
+
+    def __init__(self, name: str, args: argparse.Namespace) -> None:
+        self.name = name
+        self.ports = [free_port() for _ in range(4)]
+        self.engines = start_engines(self.ports, args.kv_cache_tokens)
+        self.edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
+
+    def start(self) -> str:
+        self.edge.start()
+        replicas = [replica_entry(f"{self.name}-r{i}", f"http://127.0.0.1:{port}",
                                   region=f"local:lab-{i % 2 + 1}", rtt_ms=2.0,
-                                  max_inflight=64) for i, port in enumerate(ports)]
-        edge.push(build_table(1, edge.name, {MODEL: replicas}, {API_KEY: {
+                                  max_inflight=64) for i, port in enumerate(self.ports)]
+        self.edge.push(build_table(1, self.edge.name, {MODEL: replicas}, {API_KEY: {
             "tenant": "bench", "jurisdictions": ["EU"], "rpm": 0, "tpm": 0, "models": ["*"],
-            "tier": "interactive"}}, policy=POLICIES[name]))
-        result = asyncio.run(workload(edge.url + "/v1/chat/completions", systems, args))
-        result.hits, result.queries = cache_counts(ports)
+            "tier": "interactive"}}, policy=POLICIES[self.name]))
+        return self.edge.url + "/v1/chat/completions"
+
+    def stop(self) -> None:
+        self.edge.close()
+        stop(self.engines)
+
+
+def run_policies(systems: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], float]:
+    """All three at once, each on its own engines and edge: the same load, at the same time,
+    so that whatever else the machine is doing weighs on them alike.
+
+    First the saturation phase; then the steady phase, at `load` × the rate of new
+    conversations round-robin managed at saturation, so every policy gets the same offered
+    load, one round-robin can carry."""
+    setups: list[PolicyUnderTest] = []
+    try:
+        for name in POLICIES:
+            setups.append(PolicyUnderTest(name, args))
+        urls = [setup.start() for setup in setups]
+        ports = [setup.ports for setup in setups]
+        busy = asyncio.run(phase("saturation", urls, systems, args, ports))
+        round_robin = busy[list(POLICIES).index("round_robin")]
+        rate = max(0.2, args.load * len(round_robin.samples) / args.turns / round_robin.seconds)
+        log(f"steady phase at {rate:.2f} new conversations/s ({args.load:.0%} of round-robin's "
+            "saturated rate)")
+        steady = asyncio.run(phase("steady", urls, systems, args, ports, rate))
     finally:
-        edge.close()
-        stop(engines)
-    summary = result.summary()
-    log(f"{name}: {summary}")
-    return summary
+        for setup in setups:
+            setup.stop()
+    results = {}
+    for setup, b, s in zip(setups, busy, steady, strict=True):
+        results[setup.name] = {"saturation": b.summary(), "steady": s.summary()}
+        log(f"{setup.name}: {results[setup.name]}")
+    return results, rate
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run of well under a minute")
     parser.add_argument("--users", type=int, default=24, help="conversations at a time")
-    parser.add_argument("--turns", type=int, default=4, help="turns per conversation")
-    parser.add_argument("--duration", type=float, help="seconds of new turns per policy")
-    parser.add_argument("--system-prompts", type=int, default=4)
-    parser.add_argument("--system-tokens", type=int, default=1500)
+    parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    parser.add_argument("--duration", type=float,
+                        help="seconds of new work in each phase, per policy")
+    parser.add_argument("--load", type=float, default=0.7,
+                        help="steady phase's offered load, as a share of round-robin's "
+                             "saturated rate of conversations")
+    parser.add_argument("--system-prompts", type=int, default=8)
+    parser.add_argument("--system-tokens", type=int, default=3000)
     parser.add_argument("--user-tokens", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--kv-cache-tokens", type=int, default=KV_CACHE_TOKENS,
                         help="each replica's KV cache")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    args.duration = args.duration or (7.0 if args.quick else 30.0)
+    args.duration = args.duration or (6.0 if args.quick else 30.0)
     started = time.monotonic()
     rng = random.Random(args.seed)
     systems = [system_prompt(TOPICS[i % len(TOPICS)], args.system_tokens, rng)
                for i in range(args.system_prompts)]
-    log(f"{args.users} conversations at a time for {args.duration}s, {args.turns} turns each "
+    log(f"saturation: {args.users} conversations at a time for {args.duration}s; steady load: "
+        f"{args.load:.0%} of that for {args.duration}s; {args.turns} turns each "
         f"({args.user_tokens}-token user messages, {args.max_tokens}-token answers), "
         f"{args.system_prompts} system prompts of ~{args.system_tokens} tokens; 4 enginesim "
         f"replicas (llama-8b-h100 profile, {args.kv_cache_tokens} KV tokens each)")
-    results = {name: run_policy(name, systems, args) for name in POLICIES}
-    rr, ours = results["round_robin"], results["meridian"]
+    results, rate = run_policies(systems, args)
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
+    def ratio(policy: str, phase: str, key: str) -> float | None:
+        ours, theirs = results["meridian"][phase][key], results[policy][phase][key]
+        return round(ours / theirs, 3) if ours and theirs else None
 
     out = {
-        "ttft_p50_ratio_vs_round_robin": ratio(ours["ttft_p50_ms"], rr["ttft_p50_ms"]),
-        "ttft_p95_ratio_vs_round_robin": ratio(ours["ttft_p95_ms"], rr["ttft_p95_ms"]),
-        "throughput_ratio_vs_round_robin": ratio(ours["output_tokens_per_s"],
-                                                 rr["output_tokens_per_s"]),
-        "ttft_p50_ratio_vs_least_load": ratio(ours["ttft_p50_ms"],
-                                              results["least_load"]["ttft_p50_ms"]),
-        "throughput_ratio_vs_least_load": ratio(ours["output_tokens_per_s"],
-                                                results["least_load"]["output_tokens_per_s"]),
-        "prefix_hit_rate": ours["prefix_hit_rate"],
-        "errors": sum(r["errors"] for r in results.values()),
+        # The headline figures come from one condition: the same 24 conversations at a time
+        # for every policy, as many requests as each can serve.
+        "ttft_p50_ratio_vs_round_robin": ratio("round_robin", "saturation", "ttft_p50_ms"),
+        "ttft_p95_ratio_vs_round_robin": ratio("round_robin", "saturation", "ttft_p95_ms"),
+        "throughput_ratio_vs_round_robin": ratio("round_robin", "saturation",
+                                                 "output_tokens_per_s"),
+        "ttft_p50_ratio_vs_least_load": ratio("least_load", "saturation", "ttft_p50_ms"),
+        "throughput_ratio_vs_least_load": ratio("least_load", "saturation",
+                                                "output_tokens_per_s"),
+        # The same offered load for every policy (70% of what round-robin carried).
+        "steady_ttft_p50_ratio_vs_round_robin": ratio("round_robin", "steady", "ttft_p50_ms"),
+        "steady_ttft_p95_ratio_vs_round_robin": ratio("round_robin", "steady", "ttft_p95_ms"),
+        "saturation_prefix_hit_rate": results["meridian"]["saturation"]["prefix_hit_rate"],
+        "prefix_hit_rate": results["meridian"]["steady"]["prefix_hit_rate"],
+        "steady_conversations_per_s": round(rate, 3),
+        "errors": sum(r[phase]["errors"] for r in results.values()
+                      for phase in ("saturation", "steady")),
         "policies": results,
         "seconds": round(time.monotonic() - started, 1),
     }

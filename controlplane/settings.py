@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "controlplane.routing",
     "controlplane.telemetry",
     "controlplane.api",
+    "frontend",
 ]
 
 MIDDLEWARE = [

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -106,6 +107,10 @@ def retire_replica(replica: Replica, *, actor: str, reason: str) -> None:
     with transaction.atomic():
         if replica.state in SERVING_STATES:
             provisioning.drain(replica.pk, actor=actor, reason=reason)
+        else:
+            # No state change records the decision here, so record who asked for it.
+            record_audit(actor, "replica.terminate_requested", replica, reason=reason,
+                         changes={"state": replica.state, "after_s": DRAIN_DEADLINE_S})
         transaction.on_commit(lambda: _terminate_later(replica.pk, reason))
 
 

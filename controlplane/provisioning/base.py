@@ -21,43 +21,6 @@ DEFAULT_VLLM_VERSION = "0.27.1"
 
 
 @dataclass(frozen=True)
-class Disaggregation:
-    """Prefill/decode disaggregation: this replica's role and how KV moves between roles.
-
-    Rendered as vLLM's `--kv-transfer-config`. With NIXL both sides usually run `kv_both`;
-    `role` says which half of the pair this replica serves, so routing can pair them.
-    """
-
-    role: str  # "prefill" or "decode"
-    connector: str = "NixlConnector"
-    kv_role: str = "kv_both"  # kv_producer | kv_consumer | kv_both
-    side_channel_port: int = 5600  # NIXL's handshake port (VLLM_NIXL_SIDE_CHANNEL_PORT)
-    extra_config: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Disaggregation:
-        return cls(**data)
-
-    def kv_transfer_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"kv_connector": self.connector, "kv_role": self.kv_role}
-        if self.extra_config:
-            config["kv_connector_extra_config"] = dict(self.extra_config)
-        return config
-
-
-@dataclass(frozen=True)
-class KvOffload:
-    """KV cache offload to host memory: vLLM's `--kv-offloading-size/--kv-offloading-backend`."""
-
-    size_gib: float
-    backend: str = "native"  # "native" (vLLM's CPU offload) or "lmcache"
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> KvOffload:
-        return cls(**data)
-
-
-@dataclass(frozen=True)
 class ReplicaSpec:
     """Everything a provider needs to start one replica of a deployment."""
 
@@ -75,15 +38,17 @@ class ReplicaSpec:
     pipeline_parallel: int = 1
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
-    disaggregation: Disaggregation | None = None
-    kv_offload: KvOffload | None = None
+    # Prefill/decode disaggregation, vLLM's --kv-transfer-config: {"kv_connector":
+    # "NixlConnector", "kv_role": "kv_both", ...}; None for a plain replica.
+    disaggregation: dict[str, Any] | None = None
+    # KV offload to host memory: {"size_gib": 64, "backend": "native" | "lmcache"}.
+    kv_offload: dict[str, Any] | None = None
     engine_profile: str = "llama-8b-h100"  # enginesim's timing profile (local lab only)
     port: int = 8000
     disk_gb: int = 256
-    # Names of secrets, never their values: the provider reads them from its own environment
-    # at launch and hands them to the cloud as secrets.
+    # The name of the secret holding the engine's API key, never its value: the provider
+    # reads it from its own environment at launch and hands it to the cloud as a secret.
     api_key_env: str = "MERIDIAN_ENGINE_API_KEY"
-    hf_token_env: str | None = "HF_TOKEN"
     vllm_version: str = DEFAULT_VLLM_VERSION
     env: dict[str, str] = field(default_factory=dict)
 
@@ -131,6 +96,9 @@ class Capabilities:
     offers_catalog: bool = False
     # The provider keeps state it can reconcile after a control-plane restart.
     adopts_after_restart: bool = False
+    # How often a launching replica is worth polling: a local process is up in a second, a
+    # cloud cluster in minutes, and every SkyPilot poll costs several API-server requests.
+    poll_interval_s: float = 1.0
 
 
 class ProviderError(Exception):
@@ -139,7 +107,7 @@ class ProviderError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         if kind not in ERROR_KINDS:
             kind = "other"
-        super().__init__(message)
+        super().__init__(kind, message)  # both in args, so the error survives pickling
         self.kind = kind
         self.message = message
 

@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import threading
+import time
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -43,8 +44,13 @@ RAY_PORT = 6379
 OPTIONAL_SECRETS = ("HF_TOKEN",)
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_OFFLOAD_BACKENDS = ("native", "lmcache")
-# Clouds the catalog is read for: SkyPilot's name -> Meridian's Cloud.name.
-DEFAULT_CLOUDS = {"aws": "aws", "gcp": "gcp"}
+# Clouds the catalog is read for: SkyPilot's name -> Meridian's Cloud.name (every cloud the
+# shipped catalog has offers in).
+DEFAULT_CLOUDS = {name: name for name in ("aws", "gcp", "azure", "lambda", "runpod", "oci")}
+# The `vllm serve` job's states (SkyPilot's JobStatus): still coming up, and ended (a server
+# that ends has failed, whatever the exit code).
+JOB_STARTING = ("INIT", "PENDING", "SETTING_UP")
+JOB_ENDED = ("FAILED", "FAILED_SETUP", "FAILED_DRIVER", "SUCCEEDED", "CANCELLED")
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}([a-z0-9.+-]*)$")
@@ -208,6 +214,42 @@ def validate_replica_task(yaml_text: str) -> None:
         raise ProviderError("invalid", f"task resources lack {', '.join(missing)}")
     if not task.run or "vllm serve" not in str(task.run):
         raise ProviderError("invalid", "task run does not start `vllm serve`")
+    _check_cloud_features(task, res)
+
+
+# What a replica may ask of a cloud, in the words an operator would use.
+_FEATURE_WORDS = {
+    "spot_instance": "spot instances (use_spot)",
+    "multi-node": "multi-node clusters (pipeline parallelism over nodes)",
+    "open_ports": "opening the engine's port",
+}
+
+
+def _check_cloud_features(task: Any, res: Any) -> None:
+    """Refuse what the cloud cannot do at all (Lambda has no spot, RunPod no multi-node), as
+    SkyPilot's own per-cloud feature table says, before a launch finds out the slow way."""
+    from sky.clouds import CloudImplementationFeatures as Feature  # noqa: PLC0415
+
+    wanted = []
+    if res.use_spot:
+        wanted.append(Feature.SPOT_INSTANCE)
+    if int(task.num_nodes or 1) > 1:
+        wanted.append(Feature.MULTI_NODE)
+    if res.ports:
+        wanted.append(Feature.OPEN_PORTS)
+    refused = []
+    for feature in wanted:
+        try:
+            res.cloud.check_features_are_supported(res, {feature}, region=res.region)
+        except Exception as exc:  # NotSupportedError, with SkyPilot's table of reasons
+            if "NotSupportedError" not in _class_names(exc):
+                raise
+            refused.append(_FEATURE_WORDS.get(feature.value, feature.value))
+    if refused:
+        accelerators = ",".join(f"{k}:{v}" for k, v in (res.accelerators or {}).items())
+        raise ProviderError("invalid", f"{res.cloud} does not support {' or '.join(refused)} "
+                                       f"(asked for {accelerators} × {task.num_nodes} node(s) "
+                                       f"in {str(res.cloud).lower()}:{res.region})")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -301,16 +343,20 @@ class SkyPilotProvider:
     # adopt_or_reap works, but it lists every cluster through the API server, so it is not
     # advertised for the every-few-seconds reconcile loop; call it at start-up instead.
     capabilities = Capabilities(spot=True, multi_node=True, network_emulation=False,
-                                offers_catalog=True, adopts_after_restart=False)
+                                offers_catalog=True, adopts_after_restart=False,
+                                poll_interval_s=15.0)
 
     def __init__(self, sdk: Any = None, timeout_s: float = 60.0,
                  clouds: dict[str, str] | None = None, gpus: Iterable[str] | None = None,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, retries: int = 2,
+                 retry_backoff_s: float = 0.5) -> None:
         self._sdk = sdk
         self.timeout_s = timeout_s
         self.clouds = dict(clouds or DEFAULT_CLOUDS)
         self.gpus = set(gpus) if gpus is not None else None
         self.environ = environ if environ is not None else os.environ
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
 
     @property
     def sdk(self) -> Any:
@@ -322,6 +368,21 @@ class SkyPilotProvider:
 
     def _call(self, doing: str, fn: Callable[[], T]) -> T:
         return _bounded(fn, self.timeout_s, doing)
+
+    def _call_retrying(self, doing: str, fn: Callable[[], T], kinds: frozenset[str]) -> T:
+        """`_call`, tried again (with backoff) after an error of one of `kinds`.
+
+        Only for calls that are safe to repeat after that kind of error: `down` always is; a
+        launch only after "unavailable", which means the API server never accepted it.
+        """
+        for attempt in range(self.retries + 1):
+            try:
+                return self._call(doing, fn)
+            except ProviderError as exc:
+                if exc.kind not in kinds or attempt == self.retries:
+                    raise
+            time.sleep(self.retry_backoff_s * 2 ** attempt)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- launch -----------------------------------------------------------------------------
     def _secrets(self, spec: ReplicaSpec) -> list[tuple[str, str]]:
@@ -337,8 +398,9 @@ class SkyPilotProvider:
         yaml_text = render_replica_task(spec)
         task = task_from_yaml(yaml_text, self.sdk, self._secrets(spec))
         cluster = cluster_name_for(spec.replica_id)
-        request_id = self._call(f"launch {cluster}", lambda: self.sdk.launch(
-            task, cluster_name=cluster, retry_until_up=False, down=False))
+        request_id = self._call_retrying(f"launch {cluster}", lambda: self.sdk.launch(
+            task, cluster_name=cluster, retry_until_up=False, down=False),
+            frozenset({"unavailable"}))
         data = {"cluster": cluster, "launch_request": str(request_id), "port": spec.port,
                 "cloud": spec.cloud, "region": spec.region, "spot": spec.use_spot}
         return ProviderHandle(self.name, spec.replica_id, data)
@@ -395,7 +457,7 @@ class SkyPilotProvider:
         if status == "UP":
             if launching:
                 return ProviderStatus("starting", f"cluster {cluster} is up; launch finishing")
-            return ProviderStatus("running", f"cluster {cluster} is up")
+            return self._serving(cluster, request_id)
         if status == "INIT":
             if launching:
                 return ProviderStatus("provisioning", f"cluster {cluster} is provisioning")
@@ -408,13 +470,47 @@ class SkyPilotProvider:
                                             "outside Meridian)")
         return ProviderStatus("unknown", f"cluster {cluster} reports {status or 'nothing'}")
 
+    def _serving(self, cluster: str, request_id: str) -> ProviderStatus:
+        """On an UP cluster, the state of the `vllm serve` job the launch submitted: a server
+        that ended (a wrong model id, out of memory, a gated model without a token) makes a
+        failed replica, not one that stays "starting" until the ready timeout."""
+        def ask() -> tuple[Any, Any]:
+            job_id = None
+            if request_id:
+                launched = self.sdk.get(request_id)  # (job_id, handle) once launch succeeded
+                if isinstance(launched, tuple | list) and launched:
+                    job_id = launched[0]
+            wanted = [job_id] if job_id is not None else None  # None: the latest job
+            return job_id, self.sdk.get(self.sdk.job_status(cluster, wanted))
+
+        try:
+            job_id, statuses = self._call(f"job status on {cluster}", ask)
+        except ProviderError as exc:
+            # The cluster is up; whether the engine answers is the readiness probe's to say.
+            return ProviderStatus("running", f"cluster {cluster} is up (job state unknown: "
+                                             f"{exc.message})")
+        statuses = dict(statuses or {})
+        state = statuses.get(job_id, statuses.get(str(job_id))) if job_id is not None else (
+            list(statuses.values())[-1] if statuses else None)
+        job = _enum_value(state)
+        if job in JOB_ENDED:
+            return ProviderStatus(
+                "failed", f"vllm serve on cluster {cluster} ended ({job}); its log: "
+                          f"sky logs {cluster} {job_id if job_id is not None else ''}".rstrip(),
+                error_kind="other")
+        if job in JOB_STARTING:
+            return ProviderStatus("starting", f"cluster {cluster} is up; vllm serve job "
+                                              f"{job.lower()}")
+        return ProviderStatus("running", f"cluster {cluster} is up, vllm serve job "
+                                         f"{job.lower() or 'state unknown'}")
+
     def _failed_launch(self, request_id: str, request: str) -> ProviderStatus:
         if request == "CANCELLED":
             return ProviderStatus("terminated", "sky.launch was cancelled")
         try:
             self._call("launch result", lambda: self.sdk.get(request_id))
         except ProviderError as exc:
-            return ProviderStatus("failed", str(exc))
+            return ProviderStatus("failed", str(exc), error_kind=exc.kind)
         return ProviderStatus("failed", "other: sky.launch failed")
 
     # -- endpoint ---------------------------------------------------------------------------
@@ -453,7 +549,8 @@ class SkyPilotProvider:
             except ProviderError:
                 pass  # down below is what releases the machines
         try:
-            self._call(f"down {cluster}", lambda: self.sdk.get(self.sdk.down(cluster)))
+            self._call_retrying(f"down {cluster}", lambda: self.sdk.get(self.sdk.down(cluster)),
+                                frozenset({"unavailable", "timeout"}))
         except ProviderError as exc:
             cause = exc.__cause__
             if cause is not None and _class_names(cause) & {"ClusterDoesNotExist"}:

@@ -1,73 +1,85 @@
-"""The delaying relay adds the configured latency in each direction and changes no byte."""
+"""The delaying relay adds the configured latency in each direction, changes no byte, and does
+not turn the delay into a throughput limit."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
-import subprocess
-import sys
-import threading
+import statistics
 import time
 
 import pytest
 
 from controlplane.provisioning.local import free_port
+from controlplane.provisioning.netem import parse_listen
 
-
-@pytest.fixture
-def echo_server():  # type: ignore[no-untyped-def]
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    stop = threading.Event()
-
-    def serve() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                while data := conn.recv(65536):
-                    conn.sendall(data)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    server.close()
+from .helpers import start_relay, stop
 
 
 def round_trip(port: int, payload: bytes) -> tuple[float, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         started = time.perf_counter()
         conn.sendall(payload)
         got = b""
         while len(got) < len(payload):
-            got += conn.recv(65536)
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            got += chunk
         return time.perf_counter() - started, got
 
 
-def test_relay_delays_both_ways_and_keeps_bytes(echo_server):  # type: ignore[no-untyped-def]
+def median_rtt(port: int, payload: bytes, samples: int = 5) -> float:
+    times = []
+    for _ in range(samples):
+        elapsed, got = round_trip(port, payload)
+        assert got == payload
+        times.append(elapsed)
+    return statistics.median(times)
+
+
+def test_relay_delays_both_ways_and_keeps_bytes(echo_server) -> None:  # type: ignore[no-untyped-def]
     near, far = free_port(), free_port()
-    relay = subprocess.Popen([sys.executable, "-m", "controlplane.provisioning.netem",
-                              "--upstream", f"127.0.0.1:{echo_server}",
-                              "--listen", f"127.0.0.1:{near}=0", "--listen", f"127.0.0.1:{far}=40"])
+    relay = start_relay(echo_server.port, {near: 0, far: 40})
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", far), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        payload = bytes(range(256)) * 400
-        direct, _ = round_trip(echo_server, payload)
-        fast, got_fast = round_trip(near, payload)
-        slow, got_slow = round_trip(far, payload)
-        assert got_fast == payload and got_slow == payload
-        assert 0.080 <= slow < 0.080 + 0.150, slow  # 40 ms each way
-        assert fast < 0.05 + direct, fast
+        payload = bytes(range(256)) * 4  # every byte value, small enough to echo at once
+        direct = median_rtt(echo_server.port, payload)
+        fast = median_rtt(near, payload)
+        slow = median_rtt(far, payload)
+        # 40 ms each way: the round trip takes 80 ms (less up to a millisecond of timer
+        # resolution per hop) and not much more than that beyond the direct one.
+        assert slow >= 0.078, slow
+        assert slow - direct < 0.080 + 0.040, (slow, direct)
+        assert fast - direct < 0.020, (fast, direct)
+        _, got = round_trip(far, bytes(range(256)) * 400)
+        assert got == bytes(range(256)) * 400
     finally:
-        relay.terminate()
-        relay.wait(10)
+        stop(relay)
+
+
+def test_delay_does_not_limit_throughput(digest_server) -> None:  # type: ignore[no-untyped-def]
+    """8 MiB through a 50 ms link: a relay that slept per chunk would need 128 × 50 ms."""
+    port = free_port()
+    relay = start_relay(digest_server.port, {port: 50})
+    try:
+        payload = hashlib.sha256(b"seed").digest() * (8 * 1024 * 1024 // 32)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            started = time.perf_counter()
+            conn.sendall(payload)
+            conn.shutdown(socket.SHUT_WR)  # the half-close must travel through the relay too
+            answer = b""
+            while chunk := conn.recv(1024):
+                answer += chunk
+            elapsed = time.perf_counter() - started
+        assert answer.decode() == hashlib.sha256(payload).hexdigest()
+        assert 0.100 <= elapsed < 0.100 + 1.5, elapsed
+    finally:
+        stop(relay)
+
+
+def test_listen_argument_parses_host_port_and_delay() -> None:
+    assert parse_listen("127.0.0.1:7001=12.5") == ("127.0.0.1", 7001, 12.5)
+    assert parse_listen(":7002") == ("127.0.0.1", 7002, 0.0)
+    with pytest.raises(Exception, match="negative delay"):
+        parse_listen("127.0.0.1:7003=-1")

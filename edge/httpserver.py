@@ -1,0 +1,458 @@
+"""The edge's HTTP/1.1 server: an asyncio.Protocol over httptools' C parser.
+
+Written for the hot path rather than taken from a framework: one parse per read, a response
+head built from pre-encoded parts and sent with its body in a single write, and handlers
+that may answer without a task. A handler is called as soon as a request is complete; it
+either answers (now or later, from callbacks) and returns None, or returns a coroutine,
+which runs as a task. Either way the connection moves on once the response is complete.
+
+Keep-alive and pipelining (answered in order), chunked request bodies,
+`Expect: 100-continue`, limits on head and body size (431, 413), write backpressure handed
+to whatever produces the body (`set_producer`), and a close hook (`on_close`) through which a
+handler learns that the client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from email.utils import formatdate
+from http import HTTPStatus
+from ssl import SSLContext
+from typing import Any, Protocol
+
+import httptools
+
+log = logging.getLogger("meridian.edge.http")
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PIPELINED = 16
+INTERNAL_ERROR = (b'{"error":{"message":"internal error","type":"server_error","param":null,'
+                  b'"code":"internal_error"}}')
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b"Unknown"
+
+
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))
+    return line
+
+
+class _DateCache:
+    """`Date:` header bytes, rebuilt once a second."""
+
+    __slots__ = ("second", "header")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.header = b""
+
+    def get(self) -> bytes:
+        now = time.time()
+        second = int(now)
+        if second != self.second:
+            self.second = second
+            self.header = b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self.header
+
+
+DATE = _DateCache()
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "received_at",
+                 "peer")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[bytes, bytes],
+                 body: bytes, keep_alive: bool, received_at: float, peer: str) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers  # lower-cased names; a repeated header keeps its last value
+        self.body = body
+        self.keep_alive = keep_alive
+        self.received_at = received_at  # perf_counter() when the last body byte arrived
+        self.peer = peer
+
+
+Handler = Callable[[Request, "HttpConnection"], Coroutine[Any, Any, None] | None]
+
+
+class Producer(Protocol):
+    """Something whose reading can be paused while the client's socket buffer is full."""
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection. A handler answers through `respond` or `start`/`send`/`end`."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.handler = server.handler
+        self.max_body = server.max_body
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self._parser = httptools.HttpRequestParser(self)
+        self._url = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._header_bytes = 0  # bytes read of the current request's head
+        self._in_body = False
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._rejected = False
+        self._pending: deque[Request] = deque()
+        self._busy = False  # a request is being answered
+        self._task: asyncio.Task[None] | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._producer: Producer | None = None
+        self.on_close: Callable[[], None] | None = None
+        self.last_active = time.monotonic()
+        self.request_begun_at = 0.0  # while a request is still arriving
+        # State of the response being written.
+        self._chunked = False
+        self._close_after = False
+        self.response_started = False
+        self.response_done = False
+        self.bytes_sent = 0
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.transport = None
+        self._pending.clear()
+        self._producer = None
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None and not self.response_done:
+            on_close()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        if not self._in_body:
+            self._header_bytes += len(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "protocol upgrades are not supported")
+            return
+        except httptools.HttpParserError as exc:
+            if not self._rejected:
+                self._reject(400, f"malformed HTTP request: {exc}")
+            return
+        # Checked per read rather than per header: a head still incomplete after this many
+        # bytes is refused.
+        if not self._in_body and self._header_bytes > MAX_HEADER_BYTES and not self._rejected:
+            self._reject(431, "request head too large")
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        if self._producer is not None:
+            self._producer.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._producer is not None:
+            self._producer.resume_reading()
+
+    # --- httptools callbacks ------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.request_begun_at = time.monotonic()
+        self._url = b""
+        self._headers = {}
+        self._body = []
+        self._body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+
+    def on_headers_complete(self) -> None:
+        self._in_body = True
+        if self._rejected:
+            return
+        length = self._headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            self._reject(413, f"request body over {self.max_body} bytes")
+            return
+        expect = self._headers.get(b"expect")
+        if expect is not None and expect.lower() == b"100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._rejected:
+            return
+        self._body_size += len(body)
+        if self._body_size > self.max_body:
+            self._reject(413, f"request body over {self.max_body} bytes")
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.request_begun_at = 0.0
+        self._in_body = False
+        self._header_bytes = 0
+        if self._rejected:
+            return
+        parser = self._parser
+        url = self._url
+        qmark = url.find(b"?")
+        path, query = (url, b"") if qmark < 0 else (url[:qmark], url[qmark + 1:])
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        request = Request(
+            parser.get_method().decode(), path.decode("utf-8", "replace"),
+            query.decode("utf-8", "replace"), self._headers, body,
+            parser.should_keep_alive(), time.perf_counter(), self.peer,
+        )
+        if not self._busy:
+            self._start(request)
+        else:
+            self._pending.append(request)
+            if len(self._pending) >= MAX_PIPELINED and self.transport and not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pause_reading()
+
+    # --- request dispatch ---------------------------------------------------------------
+
+    def _reset_response(self, close_after: bool) -> None:
+        self._chunked = False
+        self._close_after = close_after
+        self.response_started = False
+        self.response_done = False
+        self.bytes_sent = 0
+        self.on_close = None
+
+    def _start(self, request: Request) -> None:
+        self._busy = True
+        self._reset_response(not request.keep_alive)
+        try:
+            pending = self.handler(request, self)
+        except Exception:  # noqa: BLE001 - one bad request must not take the connection down
+            log.exception("unhandled error answering %s %s", request.method, request.path)
+            self._internal_error()
+            return
+        if pending is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run(pending, request))
+
+    async def _run(self, pending: Coroutine[Any, Any, None], request: Request) -> None:
+        try:
+            await pending
+        except asyncio.CancelledError:
+            return
+        except Exception:  # noqa: BLE001 - one bad request must not take the connection down
+            log.exception("unhandled error answering %s %s", request.method, request.path)
+            self._internal_error()
+            return
+        finally:
+            self._task = None
+        if not self.response_done and self.on_close is None:
+            # The handler returned without answering and without a pending answer.
+            self._internal_error()
+
+    def _internal_error(self) -> None:
+        if not self.response_started:
+            self.respond(500, INTERNAL_ERROR)
+        else:
+            self.abort()
+
+    def _finished(self) -> None:
+        """The response is complete: close, or go on to the next pipelined request."""
+        self.response_done = True
+        self.on_close = None
+        self._busy = False
+        if self._close_after or self.server.closing:
+            self.close()
+            return
+        if self._pending:
+            # Later, not from inside whatever callback finished this response.
+            asyncio.get_running_loop().call_soon(self._next)
+
+    def _next(self) -> None:
+        if self._busy or not self._pending or self.transport is None:
+            return
+        self._start(self._pending.popleft())
+        if self._reading_paused and len(self._pending) < MAX_PIPELINED // 2 and self.transport:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def _reject(self, status: int, message: str) -> None:
+        """Answer a request we will not read to the end, then close."""
+        self._rejected = True
+        if self.transport is None:
+            return
+        code = {413: "request_too_large", 431: "headers_too_large"}.get(
+            status, "bad_request")
+        body = (b'{"error":{"message":"%s","type":"invalid_request_error","param":null,'
+                b'"code":"%s"}}' % (message.encode().replace(b'"', b"'"), code.encode()))
+        if not self._busy:
+            self._reset_response(close_after=True)
+            self.respond(status, body)
+        else:
+            # A response is already being written on this connection; it cannot be
+            # interleaved, so the connection ends after it.
+            self._close_after = True
+            self._pending.clear()
+
+    # --- writing a response -------------------------------------------------------------
+
+    def _head(self, status: int, headers: bytes, length: int | None) -> bytes:
+        if length is not None:
+            framing = b"content-length: %d\r\n" % length
+        elif self._close_after:
+            framing = b""
+        else:
+            self._chunked = True
+            framing = b"transfer-encoding: chunked\r\n"
+        if self._close_after:
+            framing += b"connection: close\r\n"
+        return b"".join((status_line(status), DATE.get(), headers, framing, b"\r\n"))
+
+    def respond(self, status: int, body: bytes, headers: bytes = b"",
+                content_type: bytes | None = b"application/json") -> None:
+        """A whole response in one write. `headers`: pre-encoded `name: value\\r\\n` lines,
+        which carry the content type themselves when `content_type` is None."""
+        if self.response_started:
+            return
+        self.response_started = True
+        if self.transport is not None:
+            if content_type is not None:
+                headers = b"content-type: " + content_type + b"\r\n" + headers
+            self.transport.write(self._head(status, headers, len(body)) + body)
+            self.bytes_sent += len(body)
+        self._finished()
+
+    def start(self, status: int, headers: bytes, first: bytes = b"",
+              length: int | None = None) -> None:
+        """Send the head (and optionally the first body bytes) of a streamed response."""
+        self.response_started = True
+        if self.transport is None:
+            return
+        head = self._head(status, headers, length)
+        if first:
+            head += self._frame(first)
+            self.bytes_sent += len(first)
+        self.transport.write(head)
+
+    def _frame(self, data: bytes) -> bytes:
+        if self._chunked:
+            return b"%x\r\n%b\r\n" % (len(data), data)
+        return data
+
+    def send(self, data: bytes) -> None:
+        if data and self.transport is not None:
+            self.transport.write(self._frame(data))
+            self.bytes_sent += len(data)
+
+    def end(self, last: bytes = b"") -> None:
+        """Finish a streamed response (with optional last body bytes) in one write."""
+        if self.transport is not None:
+            out = self._frame(last) if last else b""
+            if self._chunked:
+                out += b"0\r\n\r\n"
+            if out:
+                self.transport.write(out)
+            self.bytes_sent += len(last)
+        self._finished()
+
+    def set_producer(self, producer: Producer | None) -> None:
+        self._producer = producer
+        if producer is not None and self._writing_paused:
+            producer.pause_reading()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Cut the connection: the way to tell a client its response is incomplete."""
+        self.response_done = True
+        self.on_close = None
+        self._busy = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy
+
+
+class HttpServer:
+    """Listens on one address and calls `handler` for each request."""
+
+    def __init__(self, handler: Handler, max_body: int = 8 * 1024 * 1024,
+                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0) -> None:
+        self.handler = handler
+        self.max_body = max_body
+        self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.connections: set[HttpConnection] = set()
+        self.closing = False
+        self._server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def listen(self, host: str, port: int, ssl: SSLContext | None = None,
+                     backlog: int = 1024) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self), host, port, ssl=ssl, backlog=backlog,
+            reuse_address=True,
+        )
+        self._sweeper = loop.create_task(self._sweep_idle())
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _sweep_idle(self) -> None:
+        # Keep-alive connections left idle, and requests that take too long to arrive (a
+        # client trickling its head or body), are closed here, once a second at most.
+        while True:
+            await asyncio.sleep(min(1.0, self.idle_timeout_s, self.request_timeout_s))
+            now = time.monotonic()
+            idle_cutoff = now - self.idle_timeout_s
+            slow_cutoff = now - self.request_timeout_s
+            for conn in [c for c in self.connections if c.idle and (
+                    c.last_active < idle_cutoff
+                    or 0 < c.request_begun_at < slow_cutoff)]:
+                conn.close()
+
+    async def close(self) -> None:
+        """Stop listening and close idle connections; busy ones close after their response."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self.connections):
+                if conn.idle:
+                    conn.close()
+            await self._server.wait_closed()
+
+    def abort_all(self) -> None:
+        for conn in list(self.connections):
+            conn.abort()

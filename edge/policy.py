@@ -1,0 +1,408 @@
+"""The scheduling pipeline: filters drop replicas, scorers rate the rest in [0, 1], a picker
+chooses. Pure: everything it reads (candidates, their stats, the tenant, the request, the
+prefix index, the random source) comes in as arguments, so a test builds the state in a line.
+
+Filters run in a fixed order and residency is one of them, not a scorer: no weight, picker
+or alias can send a request to a replica outside the tenant's jurisdictions. Scorers and
+pickers are registered by name; the table's `policy.scorers` weighs them and
+`policy.picker` names the picker.
+
+This runs for every request, so the loops are written out plainly: each replica's stats are
+looked up once, and scorers get them (and its load) aligned with the candidates.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from edge.health import ReplicaStats
+from edge.prefix import PrefixIndex, load_bound, rendezvous_weight, replica_id_hash
+from edge.table import ROUTABLE_STATES, Policy, Replica, TenantRules
+
+# A prompt's home is decided by its first blocks (≈ 64 tokens): users sharing a system prompt
+# share a home, so their first turns reuse its cached blocks.
+AFFINITY_BLOCKS = 4
+# What being a prefix's home is worth when no replica is remembered to hold more of it.
+HOME_SCORE = 0.5
+# Consistent hashing with bounded loads: a replica attracts prefixes while its load is under
+# max(LOAD_BOUND_FLOOR, LOAD_BOUND_FACTOR × mean load).
+LOAD_BOUND_FACTOR = 1.25
+LOAD_BOUND_FLOOR = 4.0
+RTT_HALF_SCORE_MS = 25.0
+TIE_EPSILON = 1e-9
+_NO_STATS = ReplicaStats()
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What the pipeline needs to know about one request."""
+
+    model: str
+    tier: str = "interactive"
+    prefix: Sequence[int] = ()
+    prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class PickerState:
+    """Mutable picker memory (round-robin positions, the random source), owned by the caller."""
+
+    rng: random.Random = field(default_factory=random.Random)
+    positions: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Decision:
+    replica: Replica | None
+    reason: str  # "ok", or why nothing was picked: the error code the client sees
+    candidates: Sequence[Replica] = ()
+    candidate_scores: Sequence[float] = ()
+
+    @property
+    def scores(self) -> dict[str, float]:
+        """Each scored candidate's combined score, by replica id (empty if none were scored)."""
+        return {r.id: s for r, s in zip(self.candidates, self.candidate_scores, strict=False)}
+
+
+@dataclass(slots=True)
+class ScoringContext:
+    """What scorers read: each candidate's stats, load and id hash, aligned with the
+    candidates."""
+
+    stats: Sequence[ReplicaStats]
+    loads: Sequence[float]
+    request: RouteRequest
+    prefix_index: PrefixIndex | None
+    policy: Policy
+    id_hashes: Sequence[int] = ()
+
+
+# --- filters -------------------------------------------------------------------------------
+# Table filters depend only on the table, the tenant and the tier, so they run once per
+# (table, tenant, model, tier) in `candidate_set`; state filters run for every request.
+
+def inflight_limit(replica: Replica, tier: str, policy: Policy) -> int:
+    """Batch requests may fill only a share of an interactive replica, leaving the rest for
+    interactive traffic."""
+    if tier == "batch" and replica.tier == "interactive":
+        return max(1, int(replica.max_inflight * policy.batch_max_share))
+    return replica.max_inflight
+
+
+TableFilter = Callable[[Replica, TenantRules, str], bool]
+
+
+def routable(replica: Replica, tenant: TenantRules, tier: str) -> bool:
+    return replica.state in ROUTABLE_STATES and replica.weight > 0
+
+
+def residency(replica: Replica, tenant: TenantRules, tier: str) -> bool:
+    return tenant.may_use_replica(replica)
+
+
+def tier_allows(replica: Replica, tenant: TenantRules, tier: str) -> bool:
+    # Batch replicas take batch work only; interactive ones take both (batch up to a share).
+    return replica.tier == "interactive" or tier == "batch"
+
+
+# The state filters (healthy: probe up and not ejected; under capacity: in-flight below the
+# tier's limit) run for every request and are written out in `schedule_set`.
+
+
+# (name, filter, the reason given when it is the last stage any replica reached)
+TABLE_FILTERS: tuple[tuple[str, TableFilter, str], ...] = (
+    ("routable", routable, "no_replicas"),
+    ("residency", residency, "residency_unavailable"),
+    ("tier", tier_allows, "no_replicas"),
+)
+
+
+# --- scorers -------------------------------------------------------------------------------
+
+Scorer = Callable[[Sequence[Replica], ScoringContext], list[float]]
+SCORERS: dict[str, Scorer] = {}
+# Scorers that read only the table (not stats or the request): run once per candidate set.
+TABLE_SCORERS: set[str] = set()
+
+
+def register_scorer(name: str, table_only: bool = False) -> Callable[[Scorer], Scorer]:
+    def register(fn: Scorer) -> Scorer:
+        SCORERS[name] = fn
+        if table_only:
+            TABLE_SCORERS.add(name)
+        return fn
+    return register
+
+
+@register_scorer("latency", table_only=True)
+def latency_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[float]:
+    """1 at 0 ms, ½ at RTT_HALF_SCORE_MS, falling off beyond."""
+    return [1.0 / (1.0 + r.rtt_ms / RTT_HALF_SCORE_MS) for r in candidates]
+
+
+@register_scorer("cost", table_only=True)
+def cost_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[float]:
+    """Cheapest known $/token among the candidates over this one's; 0.5 when unknown."""
+    known = [r.usd_per_mtok for r in candidates if r.usd_per_mtok is not None]
+    cheapest = min(known) if known else None
+    scores = []
+    for replica in candidates:
+        price = replica.usd_per_mtok
+        if price is None or cheapest is None:
+            scores.append(0.5)
+        elif price <= 0:
+            scores.append(1.0)
+        else:
+            scores.append(cheapest / price if cheapest > 0 else 0.0)
+    return scores
+
+
+@register_scorer("load")
+def load_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[float]:
+    """1 when idle; 0.7 of it is occupancy (load / max_inflight), 0.3 the KV cache's use."""
+    scores = []
+    for replica, stats, load in zip(candidates, ctx.stats, ctx.loads, strict=True):
+        occupancy = load / replica.max_inflight
+        kv = stats.kv_usage
+        scores.append(1.0 - 0.7 * (occupancy if occupancy < 1.0 else 1.0)
+                      - 0.3 * (kv if 0.0 <= kv <= 1.0 else float(kv > 1.0)))
+    return scores
+
+
+@register_scorer("prefix")
+def prefix_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[float]:
+    """The share of the prompt's blocks a replica is remembered to hold; HOME_SCORE for the
+    prefix's bounded-load home if that is more; 0 for a replica over the load bound."""
+    keys = ctx.request.prefix
+    n = len(candidates)
+    if not keys:
+        return [0.0] * n
+    loads = ctx.loads
+    bound = load_bound(loads, LOAD_BOUND_FACTOR, LOAD_BOUND_FLOOR)
+    affinity_key = keys[min(AFFINITY_BLOCKS, len(keys)) - 1]
+    id_hashes = ctx.id_hashes or [replica_id_hash(r.id) for r in candidates]
+    index = ctx.prefix_index
+    depth = len(keys)
+    # Most prompts are either new or wholly known; one look at the deepest block settles
+    # those, and only the rest need a search.
+    whole = index.holders(keys[-1]) if index is not None else None
+    scores = []
+    home = -1
+    home_weight = -1
+    for i in range(n):
+        if loads[i] >= bound:
+            # Over the bound a replica stops attracting prefixes, so a hot one spills over.
+            scores.append(0.0)
+            continue
+        replica_id = candidates[i].id
+        if whole is not None and replica_id in whole:
+            scores.append(1.0)
+        elif index is not None:
+            scores.append(index.matched_blocks(keys, replica_id) / depth)
+        else:
+            scores.append(0.0)
+        weight = rendezvous_weight(affinity_key, id_hashes[i])
+        if weight > home_weight:
+            home, home_weight = i, weight
+    if home >= 0 and scores[home] < HOME_SCORE:
+        scores[home] = HOME_SCORE
+    return scores
+
+
+# --- candidate sets ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CandidateSet:
+    """The replicas of a model that the table lets a tenant's requests of one tier use, with
+    everything about them that only the table decides. Valid for the life of one table."""
+
+    model: str
+    tier: str
+    policy: Policy
+    replicas: tuple[Replica, ...]
+    reason: str  # why `replicas` is empty, when it is
+    residency_removed: bool  # residency rules left out some replica of the model
+    limits: tuple[int, ...]  # each replica's in-flight limit for this tier
+    table_scores: tuple[float, ...]  # Σ weight × score of the table-only scorers
+    request_scorers: tuple[tuple[Scorer, float], ...]  # the rest, with their weights
+    scale: tuple[float, ...]  # 1 / Σ weights × the replica's table weight (≤ 1)
+    id_hashes: tuple[int, ...]  # for rendezvous hashing
+
+
+def candidate_set(replicas: Sequence[Replica], tenant: TenantRules, tier: str,
+                  policy: Policy, model: str = "") -> CandidateSet:
+    kept: list[Replica] = []
+    furthest = -1
+    residency_removed = False
+    for replica in replicas:
+        for i, (name, keep, _) in enumerate(TABLE_FILTERS):
+            if not keep(replica, tenant, tier):
+                furthest = max(furthest, i)
+                residency_removed = residency_removed or name == "residency"
+                break
+        else:
+            kept.append(replica)
+    reason = "ok" if kept else TABLE_FILTERS[furthest][2] if furthest >= 0 else "no_replicas"
+    table_scores = [0.0] * len(kept)
+    request_scorers = []
+    weight_sum = 0.0
+    if kept:
+        ctx = ScoringContext([], [], RouteRequest(model, tier), None, policy)
+        for name, weight in policy.scorers.items():
+            scorer = SCORERS.get(name)
+            if weight <= 0 or scorer is None:
+                continue
+            weight_sum += weight
+            if name in TABLE_SCORERS:
+                table_scores = [t + weight * s for t, s in
+                                zip(table_scores, scorer(kept, ctx), strict=True)]
+            else:
+                request_scorers.append((scorer, weight))
+    norm = 1.0 / weight_sum if weight_sum > 0 else 1.0
+    return CandidateSet(
+        model=model or (kept[0].model if kept else ""), tier=tier, policy=policy,
+        replicas=tuple(kept), reason=reason, residency_removed=residency_removed,
+        limits=tuple(inflight_limit(r, tier, policy) for r in kept),
+        table_scores=tuple(table_scores), request_scorers=tuple(request_scorers),
+        scale=tuple(norm * min(1.0, r.weight) for r in kept),
+        id_hashes=tuple(replica_id_hash(r.id) for r in kept),
+    )
+
+
+# --- pickers -------------------------------------------------------------------------------
+
+Picker = Callable[[Sequence[Replica], ScoringContext, Sequence[float], PickerState],
+                  tuple[int, list[float]]]
+PICKERS: dict[str, Picker] = {}
+
+
+def register_picker(name: str) -> Callable[[Picker], Picker]:
+    def register(fn: Picker) -> Picker:
+        PICKERS[name] = fn
+        return fn
+    return register
+
+
+@register_picker("max_score")
+def pick_max_score(candidates: Sequence[Replica], ctx: ScoringContext, scores: Sequence[float],
+                   state: PickerState) -> tuple[int, list[float]]:
+    """Highest score; among ties, the less loaded of two drawn at random."""
+    best = max(scores)
+    tied = [i for i, s in enumerate(scores) if best - s <= TIE_EPSILON]
+    if len(tied) == 1:
+        return tied[0], list(scores)
+    # Two distinct tied candidates at random (power of two choices).
+    rng, n = state.rng, len(tied)
+    i = int(rng.random() * n)
+    j = int(rng.random() * (n - 1))
+    if j >= i:
+        j += 1
+    a, b = tied[i], tied[j]
+    return (a if ctx.loads[a] <= ctx.loads[b] else b), list(scores)
+
+
+@register_picker("round_robin")
+def pick_round_robin(candidates: Sequence[Replica], ctx: ScoringContext,
+                     scores: Sequence[float], state: PickerState) -> tuple[int, list[float]]:
+    model = ctx.request.model
+    position = state.positions.get(model, 0)
+    state.positions[model] = position + 1
+    return position % len(candidates), []
+
+
+@register_picker("random")
+def pick_random(candidates: Sequence[Replica], ctx: ScoringContext, scores: Sequence[float],
+                state: PickerState) -> tuple[int, list[float]]:
+    return int(state.rng.random() * len(candidates)), []
+
+
+# Pickers that choose without looking at scores; scoring is skipped for them.
+SCORELESS_PICKERS = {"round_robin", "random"}
+
+
+# --- the pipeline --------------------------------------------------------------------------
+
+def schedule_set(
+    cset: CandidateSet,
+    request: RouteRequest,
+    stats: Mapping[str, ReplicaStats],
+    now: float,
+    prefix_index: PrefixIndex | None = None,
+    state: PickerState | None = None,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> Decision:
+    """Pick from a candidate set for `request`, or say why none may take it. `exclude`:
+    replicas already tried for this request."""
+    replicas = cset.replicas
+    if not replicas:
+        return Decision(None, cset.reason)
+    candidates: list[Replica] = []
+    candidate_stats: list[ReplicaStats] = []
+    kept: list[int] = []
+    unhealthy = full = 0
+    limits = cset.limits
+    for i, replica in enumerate(replicas):
+        if exclude and replica.id in exclude:
+            continue
+        replica_stats = stats.get(replica.id, _NO_STATS)
+        # State filters. Healthy: its probe answers and it is not ejected.
+        if not replica_stats.probe_ok or now < replica_stats.ejected_until:
+            unhealthy += 1
+        # Under capacity: fewer requests in flight than this tier may have on it.
+        elif replica_stats.inflight >= limits[i]:
+            full += 1
+        else:
+            candidates.append(replica)
+            candidate_stats.append(replica_stats)
+            kept.append(i)
+    if not candidates:
+        if full:
+            return Decision(None, "at_capacity")
+        if unhealthy:
+            return Decision(None, "residency_unavailable" if cset.residency_removed
+                            else "no_healthy_replica")
+        return Decision(None, "no_replicas")  # every replica was already tried
+    policy = cset.policy
+    picker = policy.picker
+    if len(candidates) == 1 and picker not in SCORELESS_PICKERS:
+        return Decision(candidates[0], "ok", candidates)
+    # A replica's load: the edge's own in-flight count or, when other edges add to it, what
+    # the engine last reported running; plus the engine's queue.
+    loads = [(s.inflight if s.inflight > s.running else s.running) + s.waiting
+             for s in candidate_stats]
+    if state is None:
+        state = PickerState()
+    if len(kept) == len(replicas):
+        totals = list(cset.table_scores)
+        scale: Sequence[float] = cset.scale
+        id_hashes: Sequence[int] = cset.id_hashes
+    else:
+        totals = [cset.table_scores[i] for i in kept]
+        scale = [cset.scale[i] for i in kept]
+        id_hashes = [cset.id_hashes[i] for i in kept]
+    ctx = ScoringContext(candidate_stats, loads, request, prefix_index, policy, id_hashes)
+    if picker in SCORELESS_PICKERS:
+        choice, scores = PICKERS[picker](candidates, ctx, (), state)
+        return Decision(candidates[choice], "ok", candidates, scores)
+    for scorer, weight in cset.request_scorers:
+        totals = [t + weight * s for t, s in zip(totals, scorer(candidates, ctx), strict=True)]
+    scores = [t * k for t, k in zip(totals, scale, strict=True)]
+    choice, scores = PICKERS.get(picker, pick_max_score)(candidates, ctx, scores, state)
+    return Decision(candidates[choice], "ok", candidates, scores)
+
+
+def schedule(
+    replicas: Sequence[Replica],
+    tenant: TenantRules,
+    request: RouteRequest,
+    stats: Mapping[str, ReplicaStats],
+    policy: Policy,
+    now: float,
+    prefix_index: PrefixIndex | None = None,
+    state: PickerState | None = None,
+) -> Decision:
+    """The whole pipeline in one call: table filters, then `schedule_set`."""
+    cset = candidate_set(replicas, tenant, request.tier, policy, request.model)
+    return schedule_set(cset, request, stats, now, prefix_index, state)

@@ -1,0 +1,736 @@
+"""The client API: authenticate, check, rate-limit, schedule, forward, stream back, account.
+
+`ClientApi.handle` answers `/v1/models`, `/v1/chat/completions`, `/v1/completions` and
+`/healthz` on the client listener. A completion is an `Exchange`: a small state machine
+driven by callbacks from the client connection and from the upstream connection, with no
+task of its own unless it has to wait (for a new upstream connection, or for capacity).
+
+- A request is retried on another replica only while no byte of it has reached the client;
+  once the answer starts, bytes are relayed as they arrive (one client write per upstream
+  read), and a failure cuts the client's connection, which the client sees, rather than
+  being papered over.
+- A client that goes away aborts the upstream request: closing that connection is how vLLM
+  learns to stop generating.
+- Every request ends in `ClientApi.account`: metrics, the tenant's token correction, and
+  one access-log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import os
+import re
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from edge import errors
+from edge.errors import ClientError
+from edge.health import ReplicaStats
+from edge.httpserver import HttpConnection, Request
+from edge.policy import CandidateSet, RouteRequest, candidate_set, schedule_set
+from edge.prefix import block_keys, chat_prompt_text
+from edge.table import Replica, RoutingTable, TenantRules
+from edge.upstream import HOP_BY_HOP, Listener, UpstreamConnection, UpstreamError
+
+if TYPE_CHECKING:
+    from edge.server import Edge
+
+log = logging.getLogger("meridian.edge.proxy")
+
+COMPLETION_PATHS = {"/v1/chat/completions": b"/v1/chat/completions",
+                    "/v1/completions": b"/v1/completions"}
+FORWARDED_HEADERS = (b"accept", b"traceparent", b"tracestate")
+# Roughly four bytes of English per token; the engine's usage corrects it afterwards.
+BYTES_PER_TOKEN = 4
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_NOTHING_TRIED: frozenset[str] = frozenset()
+
+
+class Exchange(Listener):
+    """One completion request on its way through the edge."""
+
+    # Defaults live on the class: a request sets only what it changes, which keeps creating
+    # one cheap.
+    tenant: TenantRules | None = None
+    requested_model = ""
+    model = ""
+    stream = False
+    tier = "interactive"
+    prompt_text = b""
+    prompt_tokens_est = 0
+    charged_tokens = 0
+    cset: CandidateSet | None = None
+    route: RouteRequest | None = None
+    head = b""
+    body = b""
+    replica: Replica | None = None
+    stats: ReplicaStats | None = None  # set while this request holds a slot on the replica
+    upstream: UpstreamConnection | None = None
+    tried: set[str] | None = None
+    retries = 0
+    last_failure = ""  # why the last replica tried failed, when one did
+    fresh_connection = False
+    task: asyncio.Task[None] | None = None
+    deadline = 0.0
+    queued_s = 0.0
+    status = 0
+    code = ""
+    client_started = False
+    finished = False
+    sent_at = 0.0
+    head_at = 0.0
+    first_byte_at = 0.0
+    last_byte_at = 0.0
+    overhead_s = 0.0
+    events = 0
+    # The last two reads of a streamed answer: where its usage chunk is.
+    prev_chunk = b""
+    last_chunk = b""
+    prompt_tokens = 0
+    completion_tokens = 0
+    usage_reported = False
+
+    def __init__(self, api: ClientApi, request: Request, client: HttpConnection,
+                 upstream_path: bytes) -> None:
+        self.api = api
+        self.edge = api.edge
+        self.request = request
+        self.client = client
+        self.upstream_path = upstream_path
+        self.request_id = api.request_id(request)
+        self.chat = upstream_path == b"/v1/chat/completions"
+
+    # --- from arrival to a replica ------------------------------------------------------
+
+    def start(self) -> None:
+        try:
+            self.prepare()
+        except ClientError as error:
+            self.answer_error(error)
+            return
+        self.client.on_close = self.cancel
+        self.dispatch()
+
+    def prepare(self) -> None:
+        """Every check that can refuse the request, in the order a client would fix them."""
+        api = self.api
+        table = self.edge.table
+        if table is None:
+            raise errors.unavailable("no_table", "This edge has no routing table yet.")
+        tenant = self.tenant = api.authenticate(self.request, table)
+        payload = api.parse_completion(self.request, self)
+        self.body = api.resolve_model(self.request, table, tenant, self, payload)
+        api.admit(tenant, self)
+        cset = self.cset = api.candidates(table, tenant, self.model, self.tier)
+        keys: list[int] = []
+        if self.prompt_text and len(cset.replicas) > 1 and table.policy.scorers.get("prefix"):
+            keys = block_keys(self.prompt_text)
+        self.route = RouteRequest(self.model, self.tier, keys, self.prompt_tokens_est)
+        self.head = api.upstream_head(self.request, self, len(self.body))
+
+    def dispatch(self) -> None:
+        """Schedule and send, wait for capacity, or answer why not."""
+        edge = self.edge
+        assert self.cset is not None and self.route is not None
+        decision = schedule_set(self.cset, self.route, edge.stats, time.monotonic(),
+                                edge.prefix_index, edge.picker_state,
+                                self.tried or _NOTHING_TRIED)
+        replica, reason = decision.replica, decision.reason
+        if replica is not None and self.tier == "batch" and edge.queue.interactive_waiting(
+                self.model):
+            replica, reason = None, "at_capacity"  # batch yields to waiting interactive work
+        if replica is not None:
+            self.send_to(replica)
+        elif reason == "at_capacity":
+            self.wait_for_capacity()
+        elif self.tried:
+            self.answer_error(ClientError(
+                502, f"The replica serving model {self.model} failed ({self.last_failure}) and no "
+                "other replica may take the request.", code="upstream_unavailable",
+                type_="server_error"))
+        else:
+            status, message = errors.NO_PICK.get(reason, errors.NO_PICK["no_replicas"])
+            self.answer_error(ClientError(
+                status, message.format(model=self.model, tenant=self.tenant.tenant
+                                       if self.tenant else ""),
+                code=reason, type_="server_error", retry_after_s=1))
+
+    def wait_for_capacity(self) -> None:
+        edge = self.edge
+        if edge.queue.full:
+            edge.metrics.queue_waits.inc((self.tier, "refused"))
+            self.answer_error(ClientError(
+                429, f"Every replica of model {self.model} is at its in-flight limit and the "
+                "wait queue is full.", code="queue_full", type_="requests", retry_after_s=1))
+            return
+        now = time.monotonic()
+        if not self.deadline:
+            policy = self.cset.policy if self.cset else None
+            timeout = 0.0 if policy is None else (
+                policy.batch_queue_timeout_s if self.tier == "batch" else policy.queue_timeout_s)
+            self.deadline = now + timeout
+        self.task = asyncio.get_running_loop().create_task(self._wait(self.deadline - now))
+
+    async def _wait(self, remaining_s: float) -> None:
+        edge = self.edge
+        started = time.monotonic()
+        woken = await edge.queue.wait(self.model, self.tier, remaining_s)
+        self.task = None
+        self.queued_s += time.monotonic() - started
+        if self.finished:
+            return
+        edge.metrics.queue_waits.inc((self.tier, "woken" if woken else "timeout"))
+        if not woken:
+            self.answer_error(errors.unavailable(
+                "no_capacity", f"Every replica of model {self.model} stayed at its in-flight "
+                "limit; try again shortly."))
+            return
+        self.guarded(self.dispatch)
+
+    def send_to(self, replica: Replica) -> None:
+        edge = self.edge
+        route = self.route
+        if route is not None and route.prefix:
+            edge.prefix_index.record(route.prefix, replica.id)
+        self.replica = replica
+        stats = edge.stats.get(replica.id)
+        if stats is None:
+            stats = edge.stats[replica.id] = ReplicaStats()
+        stats.inflight += 1
+        self.stats = stats
+        conn = None if self.fresh_connection else edge.pool.take(replica.origin)
+        if conn is None:
+            self.task = asyncio.get_running_loop().create_task(self._connect(replica))
+        else:
+            self.begin(conn)
+
+    async def _connect(self, replica: Replica) -> None:
+        try:
+            conn = await self.edge.pool.connect(replica.origin)
+        except UpstreamError as exc:
+            self.task = None
+            if not self.finished:
+                self.guarded(self.on_upstream_error, exc)
+            return
+        self.task = None
+        if self.finished:
+            conn.close()
+            return
+        self.guarded(self.begin, conn)
+
+    def begin(self, conn: UpstreamConnection) -> None:
+        self.upstream = conn
+        assert self.replica is not None
+        origin = self.replica.origin
+        conn.begin(self, b"".join((b"POST ", origin.base_path, self.head, b"host: ",
+                                   origin.host_header, b"\r\n\r\n", self.body)))
+        self.sent_at = time.perf_counter()
+
+    # --- the replica answers ------------------------------------------------------------
+
+    def on_upstream_head(self, conn: UpstreamConnection) -> bool:
+        try:
+            status = conn.status
+            self.head_at = conn.head_at
+            stats = self.stats
+            if status >= 500:
+                self.replica_failed(f"answered {status}")
+                # With nowhere else to go, the engine's own answer beats a 502 of ours.
+                if self.may_retry() and self.another_replica_may_take_it():
+                    conn.abort()
+                    self.upstream = None
+                    self.retry(f"answered {status}")
+                    return False
+            elif stats is not None and (stats.consecutive_failures or stats.ejections):
+                assert self.replica is not None
+                self.edge.record_success(self.replica, stats)
+            self.status = status
+            return True
+        except Exception:  # noqa: BLE001 - a bug here must still answer the client
+            self.crashed()
+            return False
+
+    def on_upstream_data(self, data: bytes, end: bool) -> None:
+        try:
+            if self.client_started and not end:
+                # The common case of a stream, kept short: relay a chunk as it came.
+                now = time.perf_counter()
+                self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
+                self.last_byte_at = now
+                self.events += data.count(b"\n\n")
+                self.prev_chunk, self.last_chunk = self.last_chunk, data
+                self.client.send(data)
+            else:
+                self.relay(data, end)
+        except Exception:  # noqa: BLE001 - a bug here must still answer the client
+            self.crashed()
+
+    def relay(self, data: bytes, end: bool) -> None:
+        """The first body bytes (with the head) or the last; `on_upstream_data` does the rest."""
+        client = self.client
+        now = time.perf_counter()
+        conn = self.upstream
+        if not self.client_started:
+            self.client_started = True
+            assert conn is not None
+            headers = self.response_headers(conn)
+            if end and not conn.content_type.startswith(b"text/event-stream"):
+                # A whole answer in one read: one write with its length, and its usage.
+                self.first_byte_at = self.last_byte_at = now
+                client.respond(self.status, data, headers, None)
+                self.overhead_s = (self.sent_at - self.request.received_at) + (
+                    time.perf_counter() - self.head_at)
+                if self.status == 200:
+                    self.usage_from_json(data)
+                self.complete()
+                return
+            client.start(self.status, headers, data,
+                         length=None if conn.chunked else conn.content_length)
+            self.overhead_s = (self.sent_at - self.request.received_at) + (
+                time.perf_counter() - self.head_at)
+            client.set_producer(conn)
+            self.first_byte_at = self.last_byte_at = now
+            self.events += data.count(b"\n\n")
+            self.last_chunk = data
+            if not end:
+                return
+            client.end()
+        else:
+            if data:
+                self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
+                self.events += data.count(b"\n\n")
+                self.prev_chunk, self.last_chunk = self.last_chunk, data
+            client.end(data)
+        # The whole response has been relayed.
+        self.last_byte_at = now
+        if self.status == 200:
+            self.usage_from_tail(self.prev_chunk + self.last_chunk)
+        self.complete()
+
+    def on_upstream_error(self, error: UpstreamError) -> None:
+        try:
+            self.upstream_failed(error)
+        except Exception:  # noqa: BLE001 - a bug here must still answer the client
+            self.crashed()
+
+    def upstream_failed(self, error: UpstreamError) -> None:
+        if self.upstream is not None:
+            self.upstream.abort()
+            self.upstream = None
+        if self.client_started:
+            # Bytes already reached the client: the only honest signal left is a cut stream.
+            self.replica_failed(f"failed mid-response: {error}")
+            self.code = "upstream_cut"
+            self.client.abort()
+            self.complete()
+            return
+        if error.reused and not error.received_any and not self.fresh_connection:
+            # A pooled connection the replica had already closed; not the replica's fault.
+            self.release_slot()
+            self.fresh_connection = True
+            assert self.replica is not None
+            self.send_to(self.replica)
+            return
+        self.replica_failed(str(error))
+        if self.may_retry():
+            self.retry(str(error))
+            return
+        self.answer_error(ClientError(502, f"Replica {self.replica.id if self.replica else '?'}"
+                                      f" failed: {error}", code="upstream_unavailable",
+                                      type_="server_error"))
+
+    def may_retry(self) -> bool:
+        table = self.edge.table
+        limit = self.cset.policy.retry_before_first_byte if self.cset else 0
+        return (table is not None and self.retries < limit and not self.client.response_started)
+
+    def another_replica_may_take_it(self) -> bool:
+        assert self.cset is not None and self.route is not None and self.replica is not None
+        exclude = {self.replica.id, *(self.tried or ())}
+        decision = schedule_set(self.cset, self.route, self.edge.stats, time.monotonic(),
+                                exclude=exclude)
+        return decision.replica is not None or decision.reason == "at_capacity"
+
+    def retry(self, reason: str) -> None:
+        self.release_slot()
+        assert self.replica is not None
+        if self.tried is None:
+            self.tried = set()
+        self.tried.add(self.replica.id)
+        self.retries += 1
+        self.last_failure = reason
+        self.fresh_connection = False
+        self.edge.metrics.retries.inc((self.model,))
+        self.dispatch()
+
+    def replica_failed(self, reason: str) -> None:
+        if self.replica is None or self.stats is None:
+            return
+        log.warning("replica %s failed: %s", self.replica.id, reason)
+        self.edge.record_failure(self.replica, self.stats)
+
+    # --- endings ------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """The client went away before its answer was complete."""
+        if self.finished:
+            return
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        self.code = self.code or "client_disconnected"
+        self.complete()
+
+    def answer_error(self, error: ClientError) -> None:
+        self.status, self.code = error.status, error.code
+        headers = error.headers() + b"x-request-id: " + self.request_id + b"\r\n"
+        self.client.respond(error.status, error.body(), headers)
+        self.complete()
+
+    def crashed(self) -> None:
+        log.exception("bug while answering request %s", self.request_id.decode())
+        self.code = "internal_error"
+        if not self.client.response_started:
+            self.status = 500
+            self.client.respond(500, errors.ClientError(
+                500, "internal error", code="internal_error", type_="server_error").body())
+        else:
+            self.client.abort()
+        self.complete()
+
+    def guarded(self, step: Any, *args: Any) -> None:
+        """Run a step from a task or callback; a bug in it still ends the request."""
+        try:
+            step(*args)
+        except Exception:  # noqa: BLE001
+            self.crashed()
+
+    def release_slot(self) -> None:
+        stats = self.stats
+        if stats is not None:
+            stats.inflight -= 1
+            self.stats = None
+            queue = self.edge.queue
+            if queue.waiting:
+                queue.notify(self.model)
+
+    def complete(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        conn = self.upstream
+        if conn is not None:
+            self.upstream = None
+            if conn.complete:
+                self.edge.pool.release(conn)
+            else:
+                conn.abort()  # unfinished: this is what tells the engine to stop
+        self.client.set_producer(None)
+        self.release_slot()
+        self.api.account(self)
+
+    # --- reading the answer -------------------------------------------------------------
+
+    def response_headers(self, conn: UpstreamConnection) -> bytes:
+        parts = [name + b": " + value + b"\r\n" for name, value in conn.headers
+                 if name not in HOP_BY_HOP and name != b"x-request-id"]
+        assert self.replica is not None
+        parts.append(b"x-request-id: " + self.request_id + b"\r\nx-meridian-replica: " +
+                     self.replica.id.encode() + b"\r\n")
+        return b"".join(parts)
+
+    def apply_usage(self, usage: Any) -> bool:
+        if not isinstance(usage, dict):
+            return False
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return False
+        self.prompt_tokens, self.completion_tokens = prompt, completion
+        self.usage_reported = True
+        return True
+
+    def usage_from_json(self, body: bytes) -> None:
+        try:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(document, dict):
+            self.apply_usage(document.get("usage"))
+
+    def usage_from_tail(self, tail: bytes) -> None:
+        """Usage from the end of a streamed answer: the usage chunk of an SSE stream, or the
+        `usage` object at the end of a JSON answer that came in several reads."""
+        at = tail.rfind(b'"usage"')
+        if at >= 0:
+            prompt = _PROMPT_TOKENS.search(tail, at)
+            completion = _COMPLETION_TOKENS.search(tail, at)
+            if prompt and completion:
+                self.prompt_tokens = int(prompt.group(1))
+                self.completion_tokens = int(completion.group(1))
+                self.usage_reported = True
+                return
+        if self.events:
+            # No usage chunk (the client did not ask for one): one event per token, less the
+            # role, finish and [DONE] events, is vLLM's streaming shape.
+            self.prompt_tokens = self.prompt_tokens_est
+            self.completion_tokens = max(0, self.events - (3 if self.chat else 2))
+
+
+class ClientApi:
+    def __init__(self, edge: Edge) -> None:
+        self.edge = edge
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex().encode()
+
+    def handle(self, request: Request, conn: HttpConnection) -> Coroutine[Any, Any, None] | None:
+        path = request.path
+        upstream_path = COMPLETION_PATHS.get(path)
+        if upstream_path is not None:
+            if request.method != "POST":
+                conn.respond(405, ClientError(405, f"Use POST for {path}.",
+                                              code="method_not_allowed").body())
+                return None
+            Exchange(self, request, conn, upstream_path).start()
+        elif path == "/v1/models":
+            self.models(request, conn)
+        elif path == "/healthz":
+            table = self.edge.table
+            conn.respond(200 if table else 503, orjson.dumps(
+                {"status": "ok" if table else "no_table",
+                 "table_version": table.version if table else None}))
+        else:
+            conn.respond(404, ClientError(404, f"Unknown path {path}.", code="not_found").body())
+        return None
+
+    # --- shared checks ------------------------------------------------------------------
+
+    def request_id(self, request: Request) -> bytes:
+        given = request.headers.get(b"x-request-id")
+        if given and len(given) <= 128 and given.isascii() and b"\r" not in given \
+                and b"\n" not in given:
+            return given
+        return b"%s-%x" % (self._id_prefix, next(self._ids))
+
+    def authenticate(self, request: Request, table: RoutingTable) -> TenantRules:
+        auth = request.headers.get(b"authorization")
+        if not auth:
+            raise errors.unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
+        scheme, _, key = auth.partition(b" ")
+        key = key.strip()
+        if scheme.lower() != b"bearer" or not key:
+            raise errors.unauthorized("Malformed Authorization header: expected "
+                                      "`Bearer <key>`.")
+        tenant = table.tenants.get(hashlib.sha256(key).hexdigest())
+        if tenant is None:
+            raise errors.unauthorized("Incorrect API key provided.")
+        return tenant
+
+    def models(self, request: Request, conn: HttpConnection) -> None:
+        table = self.edge.table
+        try:
+            if request.method != "GET":
+                raise ClientError(405, "Use GET for /v1/models.", code="method_not_allowed")
+            if table is None:
+                raise errors.unavailable("no_table", "This edge has no routing table yet.")
+            tenant = self.authenticate(request, table)
+        except ClientError as error:
+            conn.respond(error.status, error.body(), error.headers())
+            return
+        visible = sorted(
+            model for model, replicas in table.models.items()
+            if tenant.may_use_model(model) and any(tenant.may_use_replica(r) for r in replicas)
+        )
+        aliases = sorted(
+            name for name, alias in table.aliases.items()
+            if (alias.default in visible or any(rule.model in visible for rule in alias.rules))
+            and tenant.may_use_model(name)
+        )
+        conn.respond(200, orjson.dumps({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "meridian"}
+            for name in visible + aliases
+        ]}))
+
+    def parse_completion(self, request: Request, exchange: Exchange) -> dict[str, Any]:
+        try:
+            payload = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            raise errors.bad_request(f"The request body is not valid JSON: {exc}", None,
+                                     "invalid_json") from None
+        if not isinstance(payload, dict):
+            raise errors.bad_request("The request body must be a JSON object.", None,
+                                     "invalid_json")
+        model = payload.get("model")
+        if not isinstance(model, str) or not model:
+            raise errors.bad_request("You must provide a model parameter (a string).", "model",
+                                     "missing_required_parameter" if model is None else
+                                     "invalid_type")
+        stream = payload.get("stream", False)
+        if stream is not None and not isinstance(stream, bool):
+            raise errors.bad_request("`stream` must be a boolean.", "stream", "invalid_type")
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = payload.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise errors.bad_request(f"`{name}` must be a positive integer.", name,
+                                         "invalid_value")
+        exchange.requested_model = exchange.model = model
+        exchange.stream = bool(stream)
+        if exchange.chat:
+            messages = payload.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise errors.bad_request("`messages` must be a non-empty list of messages.",
+                                         "messages", "missing_required_parameter"
+                                         if messages is None else "invalid_value")
+            chat_text = chat_prompt_text(messages)
+            if chat_text is None:
+                for i, message in enumerate(messages):
+                    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                        raise errors.bad_request(f"`messages[{i}]` must be an object with a "
+                                                 "`role`.", f"messages[{i}]", "invalid_value")
+            text = chat_text or ""
+        else:
+            prompt = payload.get("prompt")
+            if isinstance(prompt, str):
+                text = prompt
+            elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+                text = "".join(prompt)
+            elif isinstance(prompt, list) and prompt and all(
+                    isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+                exchange.prompt_tokens_est = len(prompt)  # token ids: counted, not hashed
+                return payload
+            else:
+                raise errors.bad_request("`prompt` must be a string, a list of strings or a "
+                                         "list of token ids.", "prompt",
+                                         "missing_required_parameter" if prompt is None
+                                         else "invalid_value")
+        exchange.prompt_text = text.encode()
+        exchange.prompt_tokens_est = len(exchange.prompt_text) // BYTES_PER_TOKEN + 1
+        return payload
+
+    def resolve_model(self, request: Request, table: RoutingTable, tenant: TenantRules,
+                      exchange: Exchange, payload: dict[str, Any]) -> bytes:
+        """Apply the tier header and aliases; the body to forward (re-encoded only if the
+        model changed)."""
+        tier = tenant.tier
+        wanted = request.headers.get(b"x-meridian-tier")
+        if wanted is not None and wanted.lower() == b"batch":
+            tier = "batch"  # a caller may lower its own priority, never raise it
+        exchange.tier = tier
+        model = exchange.requested_model
+        alias = table.aliases.get(model)
+        if alias is not None:
+            target = alias.resolve(exchange.prompt_tokens_est, tier)
+            if not (tenant.may_use_model(model) or tenant.may_use_model(target)) \
+                    or target not in table.models:
+                raise errors.model_not_found(model)
+            exchange.model = target
+            payload["model"] = target
+            return orjson.dumps(payload)
+        if model not in table.models or not tenant.may_use_model(model):
+            raise errors.model_not_found(model)
+        return request.body
+
+    def admit(self, tenant: TenantRules, exchange: Exchange) -> None:
+        if tenant.rpm <= 0 and tenant.tpm <= 0:
+            return
+        edge = self.edge
+        verdict = edge.limiter.admit(tenant.tenant, tenant.rpm, tenant.tpm,
+                                     exchange.prompt_tokens_est, time.monotonic())
+        if not verdict.allowed:
+            edge.metrics.rate_limited.inc((tenant.tenant, verdict.limit))
+            raise ClientError(429, verdict.detail + f" Please try again in "
+                              f"{verdict.retry_after_s}s.", code="rate_limit_exceeded",
+                              type_=verdict.limit, retry_after_s=verdict.retry_after_s)
+        exchange.charged_tokens = verdict.charged_tokens
+
+    def candidates(self, table: RoutingTable, tenant: TenantRules, model: str,
+                   tier: str) -> CandidateSet:
+        """The table-level part of scheduling, computed once per table, tenant, model, tier."""
+        edge = self.edge
+        if edge.candidate_sets_version != table.version:
+            edge.candidate_sets.clear()
+            edge.candidate_sets_version = table.version
+        # The tenant objects belong to the table, and the cache is cleared with it, so their
+        # identity is a sound key (hashing the rules themselves would cost more than the rest).
+        key = (model, id(tenant), tier)
+        cset = edge.candidate_sets.get(key)
+        if cset is None:
+            cset = edge.candidate_sets[key] = candidate_set(table.models[model], tenant, tier,
+                                                            table.policy, model)
+        return cset
+
+    def upstream_head(self, request: Request, exchange: Exchange, length: int) -> bytes:
+        """The request head after `POST <base path>` (the base path and host are per
+        replica)."""
+        parts = [exchange.upstream_path, b" HTTP/1.1\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\nx-request-id: " % length, exchange.request_id, b"\r\n"]
+        headers = request.headers
+        for name in FORWARDED_HEADERS:
+            value = headers.get(name)
+            if value is not None:
+                parts.append(name + b": " + value + b"\r\n")
+        return b"".join(parts)
+
+    # --- accounting ---------------------------------------------------------------------
+
+    def account(self, exchange: Exchange) -> None:
+        edge = self.edge
+        metrics = edge.metrics
+        tenant_rules = exchange.tenant
+        tenant = tenant_rules.tenant if tenant_rules is not None else ""
+        replica = exchange.replica
+        model = exchange.model
+        status = exchange.status or 499
+        request = exchange.request
+        started = request.received_at
+        end = exchange.last_byte_at or time.perf_counter()
+        region = replica.region if replica is not None else ""
+        metrics.requests.inc((model, region, tenant, status))
+        ttft = exchange.first_byte_at - started if exchange.first_byte_at else None
+        if ttft is not None:
+            metrics.ttft.observe((model,), ttft)
+            metrics.overhead.observe((), exchange.overhead_s)
+        if exchange.prompt_tokens or exchange.completion_tokens:
+            metrics.tokens.inc((model, tenant, "prompt"), exchange.prompt_tokens)
+            metrics.tokens.inc((model, tenant, "completion"), exchange.completion_tokens)
+            if tenant_rules is not None and tenant_rules.tpm > 0:
+                edge.limiter.settle(tenant, exchange.charged_tokens,
+                                    exchange.prompt_tokens + exchange.completion_tokens,
+                                    time.monotonic())
+        if exchange.status == 0:
+            metrics.client_disconnects.inc()
+        access_log = edge.access_log
+        if access_log.enabled:
+            access_log.write(orjson.dumps({
+                "ts": time.time(),
+                "edge": edge.name,
+                "request_id": exchange.request_id.decode(),
+                "client": request.peer,
+                "path": request.path,
+                "status": status,
+                "code": exchange.code or None,
+                "tenant": tenant or None,
+                "model": model or None,
+                "requested_model": exchange.requested_model or None,
+                "tier": exchange.tier,
+                "stream": exchange.stream,
+                "replica": replica.id if replica is not None else None,
+                "region": region or None,
+                "retries": exchange.retries,
+                "last_failure": exchange.last_failure or None,
+                "queued_s": exchange.queued_s,
+                "ttft_s": ttft,
+                "duration_s": end - started,
+                "overhead_s": exchange.overhead_s,
+                "prompt_tokens": exchange.prompt_tokens,
+                "completion_tokens": exchange.completion_tokens,
+                "usage_reported": exchange.usage_reported,
+                "bytes_out": exchange.client.bytes_sent,
+            }))

@@ -1,0 +1,248 @@
+"""One edge process: its state (table, replica stats, limits, prefix index, pool) and the
+listeners and background loops that act on it.
+
+The table is swapped as a whole: a request reads `edge.table` once and keeps that version to
+the end, so a push never changes a request's view half-way. Accepting a table (pushed or
+pulled) is one path: verify, check it is for this edge and newer, persist atomically, swap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from edge.admin import AdminApi
+from edge.admission import CapacityQueue
+from edge.health import Prober, ReplicaStats, record_failure, record_success
+from edge.httpserver import HttpServer
+from edge.logs import AccessLog
+from edge.metrics import EdgeMetrics
+from edge.policy import CandidateSet, PickerState
+from edge.prefix import PrefixIndex
+from edge.proxy import ClientApi
+from edge.pull import TablePuller
+from edge.ratelimit import TenantLimiter
+from edge.table import (
+    Replica,
+    RoutingTable,
+    SignatureError,
+    TableError,
+    load_last_known_good,
+    load_verified,
+    save_last_known_good,
+)
+from edge.upstream import UpstreamPool
+
+log = logging.getLogger("meridian.edge")
+
+
+@dataclass
+class EdgeConfig:
+    name: str
+    region: str
+    state_dir: Path
+    public_keys: list[Ed25519PublicKey]
+    control_plane: str | None = None
+    control_plane_token: str | None = None
+    pull_interval_s: float = 15.0
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 2.0
+    probes: bool = True
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_queue: int = 512
+    connect_timeout_s: float = 3.0
+    upstream_timeout_s: float = 600.0
+    client_idle_timeout_s: float = 75.0
+    client_request_timeout_s: float = 30.0  # to receive a whole request, head and body
+    prefix_index_blocks: int = 100_000
+
+
+@dataclass
+class TableAnswer:
+    """What accepting a table came to: the HTTP status and the JSON the admin API answers."""
+
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def _refusal(status: int, code: str, message: str, param: str | None = None,
+             **extra: Any) -> TableAnswer:
+    return TableAnswer(status, {"error": {"message": message, "type": "invalid_request_error",
+                                          "param": param, "code": code}, **extra})
+
+
+class Edge:
+    def __init__(self, config: EdgeConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.region = config.region
+        self.table: RoutingTable | None = None
+        self.table_source = ""
+        self.table_installed_at = 0.0
+        self.stats: dict[str, ReplicaStats] = {}
+        self.metrics = EdgeMetrics()
+        self.limiter = TenantLimiter()
+        self.prefix_index = PrefixIndex(config.prefix_index_blocks)
+        self.picker_state = PickerState()
+        self.candidate_sets: dict[tuple[str, int, str], CandidateSet] = {}
+        self.candidate_sets_version = -1
+        self.queue = CapacityQueue(config.max_queue)
+        self.pool = UpstreamPool(config.connect_timeout_s, config.upstream_timeout_s)
+        self.access_log = AccessLog()
+        self.client_api = ClientApi(self)
+        self.admin_api = AdminApi(self)
+        self.client_server: HttpServer | None = None
+        self.admin_server: HttpServer | None = None
+        self.prober = Prober(self._replicas, self.stats.get, self._probe_fetch,
+                             config.probe_interval_s, config.probe_timeout_s, self._probe_changed)
+        self.puller = (TablePuller(self, config.control_plane, config.control_plane_token,
+                                   config.pull_interval_s) if config.control_plane else None)
+        self._table_lock = asyncio.Lock()
+
+    # --- tables -------------------------------------------------------------------------
+
+    def load_last_known_good(self) -> RoutingTable | None:
+        """Serve from the table on disk, if there is a good one; never fail to start."""
+        try:
+            table = load_last_known_good(self.config.state_dir, self.config.public_keys)
+        except TableError as exc:
+            log.error("the table in %s is unusable (%s); waiting for a new one",
+                      self.config.state_dir, exc)
+            self.metrics.table_rejections.inc(("disk",))
+            return None
+        if table is not None:
+            self.install(table, "disk")
+            log.info("serving last-known-good table v%d from %s", table.version,
+                     self.config.state_dir)
+        return table
+
+    async def accept_table(self, body: bytes, source: str) -> TableAnswer:
+        loop = asyncio.get_running_loop()
+        try:
+            # Parsing and verifying a large table takes milliseconds: keep it off the loop.
+            table = await loop.run_in_executor(None, load_verified, body,
+                                               self.config.public_keys)
+        except SignatureError as exc:
+            self.metrics.table_rejections.inc(("bad_signature",))
+            return _refusal(400, "bad_signature", str(exc), exc.field)
+        except TableError as exc:
+            self.metrics.table_rejections.inc(("invalid",))
+            return _refusal(400, "invalid_table", str(exc), exc.field)
+        if table.edge and table.edge != self.name:
+            self.metrics.table_rejections.inc(("wrong_edge",))
+            return _refusal(400, "wrong_edge", f"this table is for edge {table.edge}, not "
+                            f"{self.name}", "edge")
+        async with self._table_lock:
+            current = self.table
+            if current is not None and table.version <= current.version:
+                self.metrics.table_rejections.inc(("not_newer",))
+                return _refusal(409, "version_not_newer", f"version {table.version} is not "
+                                f"newer than the served version {current.version}", "version",
+                                version=current.version, hash=current.hash)
+            try:
+                await loop.run_in_executor(None, save_last_known_good, self.config.state_dir,
+                                           table)
+            except OSError as exc:
+                log.error("cannot persist table v%d: %s", table.version, exc)
+                return TableAnswer(500, {"error": {
+                    "message": f"could not persist the table: {exc}", "type": "server_error",
+                    "param": None, "code": "persist_failed"}})
+            self.install(table, source)
+        log.info("table v%d accepted from %s (%s)", table.version, source, table.hash[:12])
+        return TableAnswer(200, {"version": table.version, "hash": table.hash})
+
+    def install(self, table: RoutingTable, source: str) -> None:
+        self.table = table
+        self.table_source = source
+        self.table_installed_at = time.time()
+        replicas = table.replicas
+        ids = {r.id for r in replicas}
+        for replica_id in ids:
+            self.stats.setdefault(replica_id, ReplicaStats())
+        for replica_id in [i for i in self.stats if i not in ids]:
+            # Requests still in flight to it hold their own reference to the stats object.
+            del self.stats[replica_id]
+        origins = {r.origin.key for r in replicas}
+        self.pool.close_origins(lambda key: key in origins)
+        self.metrics.table_version.set((), table.version)
+        self.queue.notify_all()
+
+    # --- replica health -----------------------------------------------------------------
+
+    def _replicas(self) -> Iterable[Replica]:
+        return self.table.replicas if self.table is not None else ()
+
+    async def _probe_fetch(self, replica: Replica, path: str,
+                           timeout_s: float) -> tuple[int, bytes]:
+        status, _, body = await self.pool.fetch(replica.origin, "GET", path, timeout_s)
+        return status, body
+
+    def _probe_changed(self, replica: Replica, up: bool) -> None:
+        if up:
+            self.queue.notify(replica.model)
+
+    def record_failure(self, replica: Replica, stats: ReplicaStats) -> None:
+        table = self.table
+        if table is None:
+            return
+        ejected_for = record_failure(stats, table.policy, time.monotonic())
+        if ejected_for is not None:
+            self.metrics.ejections.inc((replica.id,))
+            log.warning("ejected replica %s (%s) for %.1fs", replica.id, replica.region,
+                        ejected_for)
+
+    def record_success(self, replica: Replica, stats: ReplicaStats) -> None:
+        record_success(stats)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, listen: tuple[str, int], admin_listen: tuple[str, int],
+                    tls: ssl.SSLContext | None = None) -> tuple[int, int]:
+        """Load the last-known-good table, open both listeners, start the loops.
+
+        Returns the bound ports (useful when asked for port 0).
+        """
+        self.load_last_known_good()
+        self.pool.start()
+        self.client_server = HttpServer(self.client_api.handle, self.config.max_body_bytes,
+                                        self.config.client_idle_timeout_s,
+                                        self.config.client_request_timeout_s)
+        self.admin_server = HttpServer(self.admin_api.handle, 64 * 1024 * 1024)
+        port = await self.client_server.listen(listen[0], listen[1], ssl=tls)
+        admin_port = await self.admin_server.listen(admin_listen[0], admin_listen[1])
+        if self.config.probes:
+            self.prober.start()
+        if self.puller is not None:
+            self.puller.start()
+        log.info("edge %s (%s) serving on %s:%d, admin on %s:%d", self.name, self.region,
+                 listen[0], port, admin_listen[0], admin_port)
+        return port, admin_port
+
+    def inflight(self) -> int:
+        return sum(s.inflight for s in self.stats.values())
+
+    async def stop(self, drain_s: float = 10.0) -> None:
+        """Stop taking connections, let in-flight requests finish (up to `drain_s`), close."""
+        if self.client_server is not None:
+            await self.client_server.close()
+        deadline = time.monotonic() + drain_s
+        while self.inflight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.client_server is not None:
+            self.client_server.abort_all()
+        await self.prober.stop()
+        if self.puller is not None:
+            await self.puller.stop()
+        if self.admin_server is not None:
+            await self.admin_server.close()
+            self.admin_server.abort_all()
+        await self.pool.close()
+        self.access_log.flush()

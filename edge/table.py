@@ -1,0 +1,494 @@
+"""Routing tables: canonical bytes, Ed25519 signatures, parsing, and last-known-good on disk.
+
+A table is the JSON object of DESIGN §4. Its canonical form is the compact JSON encoding
+with sorted keys (`canonical_bytes`); the signature is Ed25519 over the canonical bytes of
+everything but `signature`. The control plane imports `canonical_bytes` and `sign_table`
+from here so that both sides agree by construction; nothing in this module has side
+effects at import.
+
+Beyond the design's shape the edge reads these optional fields (defaults in brackets):
+
+- replica: `tier` ["interactive"], `tenant` (a replica dedicated to one tenant) [none],
+  `weight` [1.0], `rtt_ms` [0], `usd_per_mtok` [null], `max_inflight` [64], `state`
+  ["ready"].
+- tenant: `regions` (narrows `jurisdictions` to these `cloud:region` keys) [[]],
+  `models` [["*"]], `tier` ["interactive"].
+- policy: `picker` ("max_score" | "round_robin" | "random") ["max_score"],
+  `eject_max_s` [60], `queue_timeout_s` [2], `batch_queue_timeout_s` [30],
+  `batch_max_share` (share of an interactive replica's `max_inflight` that batch requests
+  may take) [0.5].
+- top-level `aliases`: `{"auto": {"rules": [{"max_prompt_tokens": 1000, "model": "small"}],
+  "default": "large"}}`, or a plain `{"gpt-4o": "large"}`. Rules are tried in order; a rule
+  may hold `max_prompt_tokens`, `min_prompt_tokens` and `tier`, and matches when all hold.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from edge.keys import public_key_id
+
+TABLE_FILE = "table.json"
+KNOWN_SCORERS = ("latency", "load", "prefix", "cost")
+KNOWN_PICKERS = ("max_score", "round_robin", "random")
+TIERS = ("interactive", "batch")
+# States a replica may be listed in; only these two take new requests.
+ROUTABLE_STATES = frozenset({"ready", "degraded"})
+KNOWN_STATES = ROUTABLE_STATES | {"draining"}
+
+
+class TableError(ValueError):
+    """A table that cannot be accepted; `field` names where, the message says why."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class SignatureError(TableError):
+    """A missing, malformed or wrong signature."""
+
+
+def canonical_bytes(table: Mapping[str, Any]) -> bytes:
+    """Compact JSON with sorted keys, UTF-8: the one encoding both sides hash and sign.
+
+    It encodes exactly what it is given; `signing_bytes` drops `signature` first.
+    """
+    return json.dumps(
+        table, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def signing_bytes(table: Mapping[str, Any]) -> bytes:
+    """The bytes the signature covers: the canonical form of everything but `signature`."""
+    return canonical_bytes({k: v for k, v in table.items() if k != "signature"})
+
+
+def table_hash(table: Mapping[str, Any]) -> str:
+    """sha256 of the canonical form of the whole signed table (the pull API's ETag)."""
+    return hashlib.sha256(canonical_bytes(table)).hexdigest()
+
+
+def sign_table(table: Mapping[str, Any], private_key: Ed25519PrivateKey) -> dict[str, Any]:
+    """A copy of `table` with `signature` set (base64 Ed25519 over `signing_bytes`)."""
+    unsigned = {k: v for k, v in table.items() if k != "signature"}
+    signature = private_key.sign(signing_bytes(unsigned))
+    return {**unsigned, "signature": base64.b64encode(signature).decode()}
+
+
+def verify_table(table: Mapping[str, Any],
+                 public_keys: Ed25519PublicKey | Iterable[Ed25519PublicKey]) -> None:
+    """Raise SignatureError unless one of `public_keys` signed `table`."""
+    keys = [public_keys] if isinstance(public_keys, Ed25519PublicKey) else list(public_keys)
+    signature = table.get("signature")
+    if not isinstance(signature, str) or not signature:
+        raise SignatureError("the table is not signed", "signature")
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError):
+        raise SignatureError("the signature is not base64", "signature") from None
+    if len(raw) != 64:
+        raise SignatureError("the signature is not 64 bytes of Ed25519", "signature")
+    payload = signing_bytes(table)
+    # Try the key the table names first, so a rotation with two keys costs one check.
+    key_id = table.get("key_id")
+    keys.sort(key=lambda k: public_key_id(k) != key_id)
+    for key in keys:
+        try:
+            key.verify(raw, payload)
+            return
+        except InvalidSignature:
+            continue
+    raise SignatureError("the signature does not match the table under any trusted key",
+                         "signature")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a replica listens: what the connection pool keys connections by."""
+
+    scheme: str
+    host: str
+    port: int
+    base_path: bytes  # prefix for request paths, e.g. b"" or b"/engine-3"
+    host_header: bytes  # the Host header value
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+
+def parse_origin(url: str, where: str = "url") -> Origin:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise TableError(f"expected an http(s) URL, got {url!r}", where)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise TableError(f"bad port in {url!r}", where) from None
+    default = 443 if parts.scheme == "https" else 80
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    host_header = host if port == default else f"{host}:{port}"
+    return Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/").encode(),
+                  host_header.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    id: str
+    model: str
+    url: str
+    origin: Origin
+    region: str
+    jurisdiction: str
+    weight: float = 1.0
+    rtt_ms: float = 0.0
+    usd_per_mtok: float | None = None
+    max_inflight: int = 64
+    state: str = "ready"
+    tier: str = "interactive"
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRules:
+    tenant: str
+    jurisdictions: frozenset[str]
+    regions: frozenset[str] = frozenset()
+    rpm: int = 0
+    tpm: int = 0
+    models: frozenset[str] = frozenset({"*"})
+    tier: str = "interactive"
+
+    def may_use_model(self, model: str) -> bool:
+        return "*" in self.models or model in self.models
+
+    def may_use_replica(self, replica: Replica) -> bool:
+        """Residency and dedication: the rule every pick must satisfy, whatever else holds."""
+        if "*" not in self.jurisdictions and replica.jurisdiction not in self.jurisdictions:
+            return False
+        if self.regions and replica.region not in self.regions:
+            return False
+        return replica.tenant is None or replica.tenant == self.tenant
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    scorers: Mapping[str, float] = field(
+        default_factory=lambda: {"latency": 1.0, "load": 2.0, "prefix": 3.0, "cost": 0.5}
+    )
+    picker: str = "max_score"
+    retry_before_first_byte: int = 2
+    eject_after_failures: int = 2
+    eject_base_s: float = 1.0
+    eject_max_s: float = 60.0
+    queue_timeout_s: float = 2.0
+    batch_queue_timeout_s: float = 30.0
+    batch_max_share: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class AliasRule:
+    model: str
+    max_prompt_tokens: int | None = None
+    min_prompt_tokens: int | None = None
+    tier: str | None = None
+
+    def matches(self, prompt_tokens: int, tier: str) -> bool:
+        if self.max_prompt_tokens is not None and prompt_tokens > self.max_prompt_tokens:
+            return False
+        if self.min_prompt_tokens is not None and prompt_tokens < self.min_prompt_tokens:
+            return False
+        return self.tier is None or self.tier == tier
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    name: str
+    rules: tuple[AliasRule, ...]
+    default: str
+
+    def resolve(self, prompt_tokens: int, tier: str) -> str:
+        for rule in self.rules:
+            if rule.matches(prompt_tokens, tier):
+                return rule.model
+        return self.default
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """A verified table, parsed into what the hot path reads."""
+
+    version: int
+    edge: str
+    issued_at: str
+    key_id: str
+    hash: str
+    models: Mapping[str, tuple[Replica, ...]]
+    tenants: Mapping[str, TenantRules]
+    policy: Policy
+    aliases: Mapping[str, Alias]
+    document: Mapping[str, Any]
+
+    @property
+    def replicas(self) -> list[Replica]:
+        return [r for replicas in self.models.values() for r in replicas]
+
+
+_REQUIRED: Any = object()
+_KINDS: dict[str, tuple[type, ...]] = {
+    "str": (str,), "int": (int,), "number": (int, float), "object": (dict,),
+}
+
+
+def _get(obj: Mapping[str, Any], key: str, kind: str, where: str,
+         default: Any = _REQUIRED) -> Any:
+    """obj[key] checked against `kind`; a missing or null optional key gives `default`."""
+    value = obj.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise TableError(f"{where}.{key} is required", f"{where}.{key}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, _KINDS[kind]):
+        raise TableError(f"{where}.{key} must be {'an' if kind[0] in 'io' else 'a'} {kind}",
+                         f"{where}.{key}")
+    return float(value) if kind == "number" else value  # type: ignore[arg-type]
+
+
+def _strings(value: Any, where: str) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TableError(f"{where} must be a list of strings", where)
+    return frozenset(value)
+
+
+def _replica(model: str, i: int, entry: Any) -> Replica:
+    where = f"models.{model}.replicas[{i}]"
+    if not isinstance(entry, dict):
+        raise TableError(f"{where} must be an object", where)
+    url = _get(entry, "url", "str", where)
+    state = _get(entry, "state", "str", where, "ready")
+    if state not in KNOWN_STATES:
+        raise TableError(f"{where}.state must be one of {sorted(KNOWN_STATES)}", f"{where}.state")
+    tier = _get(entry, "tier", "str", where, "interactive")
+    if tier not in TIERS:
+        raise TableError(f"{where}.tier must be one of {list(TIERS)}", f"{where}.tier")
+    max_inflight = _get(entry, "max_inflight", "int", where, 64)
+    if max_inflight < 1:
+        raise TableError(f"{where}.max_inflight must be at least 1", f"{where}.max_inflight")
+    weight = _get(entry, "weight", "number", where, 1.0)
+    if weight < 0:
+        raise TableError(f"{where}.weight must be ≥ 0", f"{where}.weight")
+    return Replica(
+        id=_get(entry, "id", "str", where),
+        model=model,
+        url=url,
+        origin=parse_origin(url, f"{where}.url"),
+        region=_get(entry, "region", "str", where),
+        jurisdiction=_get(entry, "jurisdiction", "str", where),
+        weight=weight,
+        rtt_ms=max(0.0, _get(entry, "rtt_ms", "number", where, 0.0)),
+        usd_per_mtok=_get(entry, "usd_per_mtok", "number", where, None),
+        max_inflight=max_inflight,
+        state=state,
+        tier=tier,
+        tenant=_get(entry, "tenant", "str", where, None),
+    )
+
+
+def _tenant(key_hash: str, entry: Any) -> TenantRules:
+    where = f"tenants.{key_hash[:12]}"
+    if not isinstance(entry, dict):
+        raise TableError(f"{where} must be an object", where)
+    tier = _get(entry, "tier", "str", where, "interactive")
+    if tier not in TIERS:
+        raise TableError(f"{where}.tier must be one of {list(TIERS)}", f"{where}.tier")
+    rpm = _get(entry, "rpm", "int", where, 0)
+    tpm = _get(entry, "tpm", "int", where, 0)
+    if rpm < 0 or tpm < 0:
+        raise TableError(f"{where}: rpm and tpm must be ≥ 0 (0 means unlimited)", where)
+    return TenantRules(
+        tenant=_get(entry, "tenant", "str", where),
+        jurisdictions=_strings(entry.get("jurisdictions"), f"{where}.jurisdictions"),
+        regions=_strings(entry.get("regions", []), f"{where}.regions"),
+        rpm=rpm,
+        tpm=tpm,
+        models=_strings(entry.get("models", ["*"]), f"{where}.models"),
+        tier=tier,
+    )
+
+
+def _policy(entry: Any) -> Policy:
+    if entry is None:
+        return Policy()
+    if not isinstance(entry, dict):
+        raise TableError("policy must be an object", "policy")
+    defaults = Policy()
+    scorers = entry.get("scorers", defaults.scorers)
+    if not isinstance(scorers, dict):
+        raise TableError("policy.scorers must be an object", "policy.scorers")
+    for name, weight in scorers.items():
+        if name not in KNOWN_SCORERS:
+            raise TableError(f"unknown scorer {name!r}; known: {', '.join(KNOWN_SCORERS)}",
+                             f"policy.scorers.{name}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+            raise TableError(f"policy.scorers.{name} must be a number ≥ 0",
+                             f"policy.scorers.{name}")
+    picker = _get(entry, "picker", "str", "policy", defaults.picker)
+    if picker not in KNOWN_PICKERS:
+        raise TableError(f"policy.picker must be one of {list(KNOWN_PICKERS)}", "policy.picker")
+    policy = Policy(
+        scorers={name: float(weight) for name, weight in scorers.items()},
+        picker=picker,
+        retry_before_first_byte=_get(entry, "retry_before_first_byte", "int", "policy",
+                                     defaults.retry_before_first_byte),
+        eject_after_failures=_get(entry, "eject_after_failures", "int", "policy",
+                                  defaults.eject_after_failures),
+        eject_base_s=_get(entry, "eject_base_s", "number", "policy", defaults.eject_base_s),
+        eject_max_s=_get(entry, "eject_max_s", "number", "policy", defaults.eject_max_s),
+        queue_timeout_s=_get(entry, "queue_timeout_s", "number", "policy",
+                             defaults.queue_timeout_s),
+        batch_queue_timeout_s=_get(entry, "batch_queue_timeout_s", "number", "policy",
+                                   defaults.batch_queue_timeout_s),
+        batch_max_share=_get(entry, "batch_max_share", "number", "policy",
+                             defaults.batch_max_share),
+    )
+    if policy.retry_before_first_byte < 0 or policy.eject_after_failures < 1:
+        raise TableError("policy: retries must be ≥ 0 and eject_after_failures ≥ 1", "policy")
+    if policy.eject_base_s <= 0 or policy.eject_max_s < policy.eject_base_s:
+        raise TableError("policy: need 0 < eject_base_s ≤ eject_max_s", "policy.eject_base_s")
+    if not 0 <= policy.batch_max_share <= 1:
+        raise TableError("policy.batch_max_share must be within [0, 1]", "policy.batch_max_share")
+    return policy
+
+
+def _alias(name: str, entry: Any) -> Alias:
+    where = f"aliases.{name}"
+    if isinstance(entry, str):
+        return Alias(name, (), entry)
+    if not isinstance(entry, dict):
+        raise TableError(f"{where} must be a model name or an object with rules", where)
+    rules = entry.get("rules", [])
+    if not isinstance(rules, list):
+        raise TableError(f"{where}.rules must be a list", f"{where}.rules")
+    parsed = []
+    for i, rule in enumerate(rules):
+        rwhere = f"{where}.rules[{i}]"
+        if not isinstance(rule, dict):
+            raise TableError(f"{rwhere} must be an object", rwhere)
+        unknown = set(rule) - {"model", "max_prompt_tokens", "min_prompt_tokens", "tier"}
+        if unknown:
+            raise TableError(f"{rwhere} has unknown condition(s) {sorted(unknown)}", rwhere)
+        parsed.append(AliasRule(
+            model=_get(rule, "model", "str", rwhere),
+            max_prompt_tokens=_get(rule, "max_prompt_tokens", "int", rwhere, None),
+            min_prompt_tokens=_get(rule, "min_prompt_tokens", "int", rwhere, None),
+            tier=_get(rule, "tier", "str", rwhere, None),
+        ))
+    return Alias(name, tuple(parsed), _get(entry, "default", "str", where))
+
+
+def parse_table(document: Mapping[str, Any]) -> RoutingTable:
+    """Check the shape of a (verified) table and build what the hot path reads."""
+    if not isinstance(document, Mapping):
+        raise TableError("a table must be a JSON object")
+    version = _get(document, "version", "int", "table")
+    if version < 0:
+        raise TableError("table.version must be ≥ 0", "version")
+    models_doc = _get(document, "models", "object", "table", {})
+    models: dict[str, tuple[Replica, ...]] = {}
+    for model, entry in models_doc.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("replicas", []), list):
+            raise TableError(f"models.{model} must be {{\"replicas\": [...]}}", f"models.{model}")
+        replicas = tuple(_replica(model, i, r) for i, r in enumerate(entry.get("replicas", [])))
+        ids = [r.id for r in replicas]
+        if len(set(ids)) != len(ids):
+            raise TableError(f"models.{model} lists a replica id twice", f"models.{model}")
+        models[model] = replicas
+    tenants_doc = _get(document, "tenants", "object", "table", {})
+    tenants = {key_hash: _tenant(key_hash, entry) for key_hash, entry in tenants_doc.items()}
+    aliases_doc = _get(document, "aliases", "object", "table", {})
+    aliases = {name: _alias(name, entry) for name, entry in aliases_doc.items()}
+    for name in aliases:
+        if name in models:
+            raise TableError(f"alias {name!r} shadows a model of the same name", f"aliases.{name}")
+    return RoutingTable(
+        version=version,
+        edge=_get(document, "edge", "str", "table", ""),
+        issued_at=_get(document, "issued_at", "str", "table", ""),
+        key_id=_get(document, "key_id", "str", "table", ""),
+        hash=table_hash(document),
+        models=models,
+        tenants=tenants,
+        policy=_policy(document.get("policy")),
+        aliases=aliases,
+        document=document,
+    )
+
+
+def load_verified(body: bytes, public_keys: Iterable[Ed25519PublicKey]) -> RoutingTable:
+    """Parse JSON bytes, verify the signature, then check the shape."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TableError(f"the table is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise TableError("a table must be a JSON object")
+    verify_table(document, public_keys)
+    return parse_table(document)
+
+
+def save_last_known_good(state_dir: str | Path, table: RoutingTable) -> Path:
+    """Write the table to `state_dir/table.json` so that a crash leaves the old or the new one.
+
+    Temp file in the same directory, fsync, rename over, fsync the directory.
+    """
+    directory = Path(state_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / TABLE_FILE
+    fd, temp = tempfile.mkstemp(prefix=".table-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(canonical_bytes(table.document))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return target
+
+
+def load_last_known_good(
+    state_dir: str | Path, public_keys: Iterable[Ed25519PublicKey]
+) -> RoutingTable | None:
+    """The table saved in `state_dir`, verified again (the disk is not trusted), or None."""
+    path = Path(state_dir) / TABLE_FILE
+    try:
+        body = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return load_verified(body, list(public_keys))

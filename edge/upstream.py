@@ -1,0 +1,364 @@
+"""Connections to replicas: pooled keep-alive HTTP/1.1 over httptools' response parser.
+
+An exchange on a connection reports to a `Listener` by plain callbacks, from inside
+`data_received`: `on_upstream_head` once the status line and headers are parsed, then
+`on_upstream_data` once per read with the body bytes of that read (`end` on the last), or
+`on_upstream_error` if the replica goes away, times out or sends garbage. Nothing is held
+back between reads, which is what lets SSE pass through with no added delay, and no task or
+future is involved, which is what keeps a proxied request cheap. A connection goes back to
+the pool only after a complete response; a failed or abandoned one is closed, which is also
+how an engine learns to stop generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable
+
+import httptools
+
+from edge.table import Origin
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"date", b"server",
+})
+
+
+class UpstreamError(Exception):
+    """A replica that did not answer (connect error, reset, timeout, garbage)."""
+
+    def __init__(self, message: str, *, received_any: bool = False, reused: bool = False,
+                 timeout: bool = False) -> None:
+        super().__init__(message)
+        self.received_any = received_any  # some response byte arrived before the failure
+        self.reused = reused  # it happened on a pooled keep-alive connection
+        self.timeout = timeout
+
+
+class Listener:
+    """What an exchange on an upstream connection reports to."""
+
+    def on_upstream_head(self, conn: UpstreamConnection) -> bool:
+        """Status and headers are on `conn`; return False to drop the exchange (the
+        listener then closes or aborts the connection itself)."""
+        return True
+
+    def on_upstream_data(self, data: bytes, end: bool) -> None: ...
+
+    def on_upstream_error(self, error: UpstreamError) -> None: ...
+
+
+class UpstreamConnection(asyncio.Protocol):
+    def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.exchanges = 0
+        self.idle_since = 0.0
+        self.last_read = 0.0
+        self.listener: Listener | None = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.content_type = b""
+        self.content_length: int | None = None
+        self.chunked = False
+        self.body: list[bytes] = []
+        self.headers_complete = False
+        self.complete = False
+        self.received_any = False
+        self.keep_alive = True
+        self.head_at = 0.0
+
+    # --- driving an exchange ------------------------------------------------------------
+
+    def begin(self, listener: Listener, request: bytes) -> None:
+        """Write one request; `listener` hears about the response."""
+        self.listener = listener
+        self.status = 0
+        self.headers = []
+        self.content_type = b""
+        self.content_length = None
+        self.chunked = False
+        self.body = []
+        self.headers_complete = False
+        self.complete = False
+        self.received_any = False
+        self.keep_alive = True
+        self.exchanges += 1
+        self.last_read = time.monotonic()
+        self.pool.busy.add(self)
+        if self.transport is None or self.closed:
+            self._fail(UpstreamError("connection closed before the request was sent",
+                                     reused=self.exchanges > 1))
+            return
+        self.transport.write(request)
+
+    def detach(self) -> None:
+        """The listener is done with this exchange; no more callbacks."""
+        self.listener = None
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener = None
+        self.pool.busy.discard(self)
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        self.listener = None
+        self.pool.busy.discard(self)
+        if self.transport is not None:
+            self.transport.abort()
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received_any = True
+        self.last_read = time.monotonic()
+        if self.listener is None:
+            # Bytes with no exchange outstanding: the peer is confused; do not reuse.
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"malformed response from {self.origin.host_header!r}: "
+                                     f"{exc}", received_any=True))
+            self.abort()
+            return
+        listener = self.listener
+        if listener is not None and self.headers_complete and (self.body or self.complete):
+            body = self.body
+            self.body = []
+            if self.complete:
+                self.listener = None
+                self.pool.busy.discard(self)
+            listener.on_upstream_data(body[0] if len(body) == 1 else b"".join(body),
+                                      self.complete)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        self.pool.forget(self)
+        if self.listener is None or self.complete:
+            return
+        if self.headers_complete and self.content_length is None and not self.chunked:
+            # A body delimited by the end of the connection ends here, complete.
+            self.keep_alive = False
+            self.complete = True
+            listener, self.listener = self.listener, None
+            body = b"".join(self.body)
+            self.body = []
+            listener.on_upstream_data(body, True)
+            return
+        reason = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
+        self._fail(UpstreamError(f"{self.origin.host_header.decode()} went away: {reason}",
+                                 received_any=self.received_any, reused=self.exchanges > 1))
+
+    def _fail(self, error: UpstreamError) -> None:
+        self.pool.busy.discard(self)
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.on_upstream_error(error)
+
+    # --- httptools callbacks ------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname == b"content-type":
+            self.content_type = value
+        elif lname == b"content-length":
+            self.content_length = int(value) if value.isdigit() else None
+        elif lname == b"transfer-encoding":
+            self.chunked = b"chunked" in value.lower()
+        self.headers.append((lname, value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_complete = True
+        self.head_at = time.perf_counter()
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        listener = self.listener
+        if listener is not None and not listener.on_upstream_head(self):
+            self.listener = None
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class UpstreamPool:
+    """Keep-alive connections per origin; idle ones are reused most-recent first."""
+
+    def __init__(self, connect_timeout_s: float = 3.0, read_timeout_s: float = 600.0,
+                 max_idle_per_origin: int = 256, idle_ttl_s: float = 30.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.max_idle_per_origin = max_idle_per_origin
+        self.idle_ttl_s = idle_ttl_s
+        self._idle: dict[tuple[str, str, int], list[UpstreamConnection]] = {}
+        self.busy: set[UpstreamConnection] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def take(self, origin: Origin) -> UpstreamConnection | None:
+        idle = self._idle.get(origin.key)
+        if not idle:
+            return None
+        cutoff = time.monotonic() - self.idle_ttl_s
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.idle_since >= cutoff:
+                return conn
+            conn.close()
+        return None
+
+    async def connect(self, origin: Origin) -> UpstreamConnection:
+        ssl_context: ssl.SSLContext | None = None
+        if origin.scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ssl_context = self._ssl
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: UpstreamConnection(self, origin), origin.host, origin.port,
+                    ssl=ssl_context, server_hostname=origin.host if ssl_context else None,
+                ),
+                self.connect_timeout_s,
+            )
+        except (OSError, ssl.SSLError) as exc:
+            # TimeoutError is an OSError too.
+            kind = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            raise UpstreamError(f"cannot connect to {origin.host_header.decode()}: {kind}",
+                                timeout=isinstance(exc, TimeoutError)) from None
+        return protocol
+
+    def release(self, conn: UpstreamConnection) -> None:
+        """Return a connection after a complete response, or close it."""
+        self.busy.discard(conn)
+        conn.listener = None
+        if not conn.reusable:
+            conn.close()
+            return
+        idle = self._idle.get(conn.origin.key)
+        if idle is None:
+            idle = self._idle[conn.origin.key] = []
+        if len(idle) >= self.max_idle_per_origin:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    def forget(self, conn: UpstreamConnection) -> None:
+        self.busy.discard(conn)
+        idle = self._idle.get(conn.origin.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    def close_origins(self, keep: Callable[[tuple[str, str, int]], bool]) -> None:
+        """Close idle connections to origins that `keep` rejects (they left the table)."""
+        for key in [k for k in self._idle if not keep(k)]:
+            for conn in self._idle.pop(key):
+                conn.close()
+
+    async def _sweep(self) -> None:
+        # One periodic check instead of a timer per request: a replica that stops sending
+        # bytes for read_timeout_s fails the request.
+        while True:
+            await asyncio.sleep(1.0)
+            cutoff = time.monotonic() - self.read_timeout_s
+            for conn in [c for c in self.busy if c.last_read < cutoff]:
+                conn._fail(UpstreamError(
+                    f"{conn.origin.host_header.decode()} sent nothing for "
+                    f"{self.read_timeout_s:.0f}s", received_any=conn.received_any, timeout=True))
+                conn.abort()
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+        for conn in list(self.busy):
+            conn.abort()
+
+    async def fetch(self, origin: Origin, method: str, path: str, timeout_s: float,
+                    headers: bytes = b"", body: bytes = b""
+                    ) -> tuple[int, dict[bytes, bytes], bytes]:
+        """A whole request and response, for probes and the table pull (not the hot path)."""
+        request = b"%s %s%s HTTP/1.1\r\nhost: %s\r\n%scontent-length: %d\r\n\r\n%s" % (
+            method.encode(), origin.base_path, path.encode(), origin.host_header, headers,
+            len(body), body)
+
+        async def exchange() -> tuple[int, dict[bytes, bytes], bytes]:
+            for attempt in range(2):
+                conn = self.take(origin) or await self.connect(origin)
+                collector = _Collector()
+                conn.begin(collector, request)
+                try:
+                    response = await collector.done
+                except UpstreamError as exc:
+                    conn.abort()
+                    # A pooled connection the peer had already closed: try a fresh one.
+                    if exc.reused and not exc.received_any and attempt == 0:
+                        continue
+                    raise
+                except BaseException:
+                    conn.abort()
+                    raise
+                self.release(conn)
+                return conn.status, dict(conn.headers), response
+            raise AssertionError("unreachable")
+
+        try:
+            return await asyncio.wait_for(exchange(), timeout_s)
+        except TimeoutError:
+            raise UpstreamError(f"{origin.host_header.decode()} did not answer {path} within "
+                                f"{timeout_s}s", timeout=True) from None
+
+
+class _Collector(Listener):
+    """Gathers a whole response into a future (for `UpstreamPool.fetch`)."""
+
+    def __init__(self) -> None:
+        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.parts: list[bytes] = []
+
+    def on_upstream_data(self, data: bytes, end: bool) -> None:
+        self.parts.append(data)
+        if end and not self.done.done():
+            self.done.set_result(b"".join(self.parts))
+
+    def on_upstream_error(self, error: UpstreamError) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)

@@ -1,0 +1,1 @@
+"""The web dashboard: server-rendered pages of the fleet, with htmx for live parts."""

@@ -1,0 +1,92 @@
+"""Who may see and do what on the dashboard: the REST API's roles and tenancy, for views.
+
+The rules are the API's (controlplane/api/base.py and permissions.py): every role reads,
+writes need the view's role, tenant users see their own tenant's rows (plus shared ones
+where the API shows them) and never change shared rows. Another tenant's row is a 404.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.shortcuts import render
+
+from controlplane.core.models import Role
+from controlplane.core.services import Principal, principal_for
+
+View = Callable[..., HttpResponse]
+
+
+def principal_of(request: HttpRequest) -> Principal:
+    principal = getattr(request, "meridian_principal", None)
+    if principal is None:
+        principal = principal_for(request.user)
+        request.meridian_principal = principal  # type: ignore[attr-defined]
+    return principal
+
+
+def forbidden(request: HttpRequest, message: str) -> HttpResponse:
+    from frontend.views.common import page_context
+
+    return render(request, "frontend/forbidden.html",
+                  page_context(request, {"message": message}), status=403)
+
+
+def refusal(principal: Principal, needed: str) -> str | None:
+    """Why `principal` may not act with the `needed` role, or None when it may."""
+    if principal.role is None:
+        return "Your account has no role; ask an admin to grant one."
+    if not principal.has_role(needed):
+        return f"This action needs the {needed} role; you are {principal.role}."
+    return None
+
+
+def dashboard_view(
+    role: str = Role.VIEWER, methods: tuple[str, ...] = ("GET",)
+) -> Callable[[View], View]:
+    """Signed-in users with at least `role` only; other methods are refused with 405."""
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            if request.method not in methods:
+                return HttpResponseNotAllowed(methods)
+            reason = refusal(principal_of(request), role)
+            if reason:
+                return forbidden(request, reason)
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
+def scoped(
+    queryset: QuerySet[Any], principal: Principal, tenant_field: str | None,
+    shared_visible: bool = False,
+) -> QuerySet[Any]:
+    """Rows the principal may read: all for platform staff, else its tenant's (and shared)."""
+    if tenant_field is None or principal.is_platform:
+        return queryset
+    scope = Q(**{tenant_field: principal.tenant_id})
+    if shared_visible:
+        scope |= Q(**{f"{tenant_field}__isnull": True})
+    return queryset.filter(scope)
+
+
+def change_refusal(principal: Principal, owner_tenant_id: int | None) -> str | None:
+    """Why the principal may not change a row owned by `owner_tenant_id` (None: shared)."""
+    if principal.is_platform:
+        return None
+    if owner_tenant_id is None:
+        return "Shared objects may be changed by platform staff only."
+    if owner_tenant_id != principal.tenant_id:
+        return "This belongs to another tenant."
+    return None

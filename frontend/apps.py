@@ -1,0 +1,8 @@
+"""Django app configuration of the web dashboard."""
+
+from django.apps import AppConfig
+
+
+class FrontendConfig(AppConfig):
+    name = "frontend"
+    verbose_name = "Web dashboard"

@@ -1,0 +1,249 @@
+"""Plotly figure builders: pure functions from page data to figure dicts (data + layout).
+
+Templates embed the dicts as JSON and frontend/static/frontend/meridian.js draws them with
+the plotly.js that ships inside the Python package, so no chart needs a network fetch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from frontend.fleet import (
+    DEGRADED,
+    DOWN,
+    HEALTH_MEANING,
+    HEALTH_ORDER,
+    HEALTHY,
+    IDLE,
+    STARTING,
+    EdgeStatus,
+    RegionStatus,
+)
+from frontend.traffic import Series
+
+Figure = dict[str, Any]
+
+HEALTH_COLOURS = {
+    HEALTHY: "#1f9d55",
+    DEGRADED: "#d69e2e",
+    DOWN: "#c53030",
+    STARTING: "#3182ce",
+    IDLE: "#a0aec0",
+}
+EDGE_COLOUR = "#6b46c1"
+INK = "#1a202c"
+MUTED = "#718096"
+GRID = "#e2e8f0"
+HOUR_MS = 3_600_000
+FONT = {"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "size": 12, "color": INK}
+
+
+def _time(value: datetime) -> str:
+    # plotly.js ignores UTC offsets in date strings, so every axis is labelled UTC instead.
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def marker_size(replicas: int) -> float:
+    """Marker diameter in px: area grows with the replica count, within readable bounds."""
+    if replicas <= 0:
+        return 6.0
+    return round(min(10 + 5 * math.sqrt(replicas), 42), 1)
+
+
+def _region_hover(region: RegionStatus) -> str:
+    states = ", ".join(f"{n} {state}" for state, n in region.counts.items()) or "no replicas"
+    cost = f"<br>${region.usd_h:,.2f}/h" if region.usd_h else ""
+    return (f"<b>{region.name}</b> · {region.key}<br>{region.cloud} · {region.jurisdiction}"
+            f"<br>{region.health}: {states}{cost}")
+
+
+def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> Figure:
+    """Regions coloured by health and sized by their replicas (terminated ones aside);
+    edges with lines to the regions their newest table routes to."""
+    where = {r.key: (r.longitude, r.latitude) for r in regions}
+    lon: list[float | None] = []
+    lat: list[float | None] = []
+    for edge in edges:
+        for key in edge.routes:
+            if key in where:
+                lon += [edge.longitude, where[key][0], None]
+                lat += [edge.latitude, where[key][1], None]
+    data: list[dict[str, Any]] = []
+    if lon:
+        data.append({
+            "type": "scattergeo", "mode": "lines", "name": "routes (edge → region)",
+            "lon": lon, "lat": lat, "hoverinfo": "skip",
+            "line": {"width": 1.2, "color": EDGE_COLOUR}, "opacity": 0.45,
+        })
+    for health in HEALTH_ORDER:
+        members = [r for r in regions if r.health == health]
+        if not members:
+            continue
+        data.append({
+            "type": "scattergeo", "mode": "markers",
+            "name": f"{health} ({len(members)})",
+            "lon": [r.longitude for r in members], "lat": [r.latitude for r in members],
+            "text": [_region_hover(r) for r in members], "hoverinfo": "text",
+            "customdata": [r.key for r in members],
+            "marker": {
+                "size": [marker_size(r.replicas) for r in members],
+                "color": HEALTH_COLOURS[health],
+                "opacity": 0.55 if health == IDLE else 0.9,
+                "line": {"width": 1, "color": "#ffffff"},
+            },
+        })
+    if edges:
+        data.append({
+            "type": "scattergeo", "mode": "markers", "name": f"edges ({len(edges)})",
+            "lon": [e.longitude for e in edges], "lat": [e.latitude for e in edges],
+            "text": [
+                f"<b>edge {e.name}</b> · {e.region}<br>table v{e.latest_version or '–'}, "
+                f"acked v{e.acked_version or '–'} ({'in sync' if e.in_sync else 'behind'})"
+                f"<br>routes to {len(e.routes)} region(s)"
+                for e in edges
+            ],
+            "hoverinfo": "text",
+            "marker": {"symbol": "diamond", "size": 13, "color": EDGE_COLOUR,
+                       "line": {"width": 1.5, "color": "#ffffff"}},
+        })
+    return {
+        "data": data,
+        "layout": {
+            "height": 500,
+            "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
+            "paper_bgcolor": "rgba(0,0,0,0)",
+            "font": FONT,
+            "showlegend": True,
+            "legend": {"orientation": "h", "x": 0, "y": -0.02, "yanchor": "top",
+                       "bgcolor": "rgba(255,255,255,0.8)"},
+            "geo": {
+                "scope": "world", "resolution": 110,
+                "projection": {"type": "natural earth"},
+                "showframe": False, "showcoastlines": True, "coastlinecolor": "#a0aec0",
+                "showland": True, "landcolor": "#edf2f7",
+                "showocean": True, "oceancolor": "#f7fafc",
+                "showcountries": True, "countrycolor": "#cbd5e0",
+                "lataxis": {"range": [-57, 80]},
+                "bgcolor": "rgba(0,0,0,0)",
+            },
+        },
+    }
+
+
+def health_legend() -> list[tuple[str, str, str]]:
+    """(health, colour, meaning) for the legend under the map."""
+    return [(h, HEALTH_COLOURS[h], HEALTH_MEANING[h]) for h in HEALTH_ORDER]
+
+
+def _time_layout(y_title: str, height: int = 240, since: datetime | None = None,
+                 until: datetime | None = None) -> dict[str, Any]:
+    xaxis: dict[str, Any] = {"type": "date", "gridcolor": GRID, "hoverformat": "%H:%M:%S UTC"}
+    if since and until:
+        # The whole window, so a series that started recently reads as recent.
+        xaxis["range"] = [_time(since), _time(until)]
+    return {
+        "height": height,
+        "margin": {"l": 56, "r": 12, "t": 8, "b": 40},
+        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+        "font": FONT,
+        "hovermode": "x unified",
+        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+        "xaxis": xaxis,
+        "yaxis": {"title": {"text": y_title}, "gridcolor": GRID, "rangemode": "tozero"},
+    }
+
+
+def _line(name: str, times: list[str], values: Sequence[float | None], colour: str,
+          dash: str = "solid", axis: str = "y") -> dict[str, Any]:
+    return {"type": "scatter", "mode": "lines", "name": name, "x": times, "y": list(values),
+            "line": {"color": colour, "width": 2, "dash": dash}, "yaxis": axis,
+            "connectgaps": False}
+
+
+def _slo_line(name: str, span: list[str], value: float, colour: str) -> dict[str, Any]:
+    return {"type": "scatter", "mode": "lines", "name": name, "x": span,
+            "y": [value, value], "hoverinfo": "skip",
+            "line": {"color": colour, "width": 1, "dash": "dot"}}
+
+
+def latency_figure(series: Series, slo_ttft_ms: float, slo_itl_ms: float) -> Figure:
+    """TTFT and ITL p95 per step against the deployment's SLO targets."""
+    times = [_time(t) for t in series.times]
+    data = [
+        _line("TTFT p95", times, series.ttft_p95_ms, "#2b6cb0"),
+        _line("ITL p95", times, series.itl_p95_ms, "#dd6b20"),
+    ]
+    if times:
+        span = ([_time(series.since), _time(series.until)] if series.since and series.until
+                else [times[0], times[-1]])
+        data += [_slo_line(f"TTFT SLO {slo_ttft_ms:g} ms", span, slo_ttft_ms, "#2b6cb0"),
+                 _slo_line(f"ITL SLO {slo_itl_ms:g} ms", span, slo_itl_ms, "#dd6b20")]
+    layout = _time_layout("milliseconds", since=series.since, until=series.until)
+    return {"data": data, "layout": layout}
+
+
+def throughput_figure(series: Series) -> Figure:
+    """Requests/s (left axis) and generated tokens/s (right axis)."""
+    times = [_time(t) for t in series.times]
+    layout = _time_layout("requests/s", since=series.since, until=series.until)
+    layout["yaxis2"] = {"title": {"text": "tokens/s"}, "overlaying": "y", "side": "right",
+                        "rangemode": "tozero", "showgrid": False}
+    layout["margin"]["r"] = 56
+    return {
+        "data": [
+            _line("requests/s", times, series.requests_per_s, "#2f855a"),
+            _line("generated tokens/s", times, series.tokens_per_s, "#805ad5", dash="dot",
+                  axis="y2"),
+        ],
+        "layout": layout,
+    }
+
+
+def load_figure(series: Series) -> Figure:
+    """Requests running and waiting (the queue) summed over replicas."""
+    times = [_time(t) for t in series.times]
+    return {
+        "data": [
+            _line("running", times, series.running, "#2c7a7b"),
+            _line("waiting (queue)", times, series.waiting, "#c53030"),
+        ],
+        "layout": _time_layout("requests", since=series.since, until=series.until),
+    }
+
+
+def kv_figure(series: Series) -> Figure:
+    """KV cache usage: the mean over replicas and the fullest replica."""
+    times = [_time(t) for t in series.times]
+    layout = _time_layout("KV cache used (%)", since=series.since, until=series.until)
+    layout["yaxis"]["range"] = [0, 100]
+    layout["yaxis"].pop("rangemode")
+    return {
+        "data": [
+            _line("mean", times, series.kv_usage_mean_pct, "#3182ce"),
+            _line("fullest replica", times, series.kv_usage_max_pct, "#e53e3e", dash="dash"),
+        ],
+        "layout": layout,
+    }
+
+
+def events_figure(counts: Iterable[Mapping[str, Any]], since: datetime, until: datetime) -> Figure:
+    """Audit events per hour, stacked by what they are about (replica, plan, tables …)."""
+    by_kind: dict[str, dict[str, int]] = {}
+    for row in counts:
+        kind = row["kind"] or "other"
+        by_kind.setdefault(kind, {})[_time(row["hour"])] = row["n"]
+    palette = ["#3182ce", "#38a169", "#d69e2e", "#805ad5", "#e53e3e", "#319795", "#718096",
+               "#dd6b20", "#b83280"]
+    data = []
+    for i, (kind, hours) in enumerate(sorted(by_kind.items())):
+        data.append({"type": "bar", "name": kind, "x": list(hours), "y": list(hours.values()),
+                     "marker": {"color": palette[i % len(palette)]},
+                     # Bars start at the hour they count and are most of an hour wide.
+                     "offset": 0, "width": HOUR_MS * 0.9})
+    layout = _time_layout("events per hour", height=200, since=since, until=until)
+    layout["barmode"] = "stack"
+    layout["hovermode"] = "closest"
+    return {"data": data, "layout": layout}

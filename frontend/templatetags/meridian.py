@@ -1,0 +1,84 @@
+"""Template tags of the dashboard: figures, money, states and times shown the same everywhere."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join, json_script
+from django.utils.safestring import SafeString
+
+register = template.Library()
+
+
+@register.simple_tag
+def figure(fig: dict[str, Any], element_id: str, label: str = "") -> SafeString:
+    """A plotly figure: an empty element that meridian.js draws from the embedded JSON."""
+    return format_html(
+        '<div class="figure" id="{}" data-figure="{}-data" role="img" aria-label="{}"></div>{}',
+        element_id, element_id, label or element_id, json_script(fig, f"{element_id}-data"),
+    )
+
+
+@register.filter
+def usd(value: Decimal | float | None, places: int = 2) -> str:
+    """$1,234.56, −$12.29 (or a dash when there is no figure)."""
+    if value is None or value == "":
+        return "—"
+    amount = Decimal(value)
+    sign = "−" if amount < 0 else ""
+    return f"{sign}${abs(amount):,.{int(places)}f}"
+
+
+@register.filter
+def number(value: float | int | None, places: int = 0) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{int(places)}f}"
+
+
+@register.filter
+def percent(value: float | None) -> str:
+    """A fraction in [0, 1] as a percentage."""
+    if value is None:
+        return "—"
+    return f"{100 * value:.0f}%"
+
+
+@register.filter
+def ago(value: datetime | None) -> str:
+    """How long ago, in the largest unit that fits: 40 s, 12 min, 3 h, 9 d."""
+    if value is None:
+        return "never"
+    seconds = max((timezone.now() - value).total_seconds(), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
+
+
+@register.filter
+def badge(value: str, kind: str = "state") -> SafeString:
+    """A coloured label for a replica state, region health, plan status …"""
+    return format_html('<span class="badge {}-{}">{}</span>', kind, value, value)
+
+
+@register.filter
+def get(mapping: dict[str, Any], key: str) -> Any:
+    return mapping.get(key) if mapping else None
+
+
+@register.filter
+def words(value: str) -> str:
+    """snake_case names as words: offers_considered → offers considered."""
+    return str(value).replace("_", " ")
+
+
+@register.filter
+def counts(states: dict[str, int], kind: str = "state") -> SafeString:
+    """Counts by state as badges that carry their numbers: “3 ready”, “1 failed”."""
+    return format_html_join(" ", '<span class="badge {}-{}">{} {}</span>',
+                            ((kind, state, n, state) for state, n in (states or {}).items()))

@@ -1,0 +1,1 @@
+"""Views of the dashboard, one module per page; common.py holds what they share."""

@@ -1,0 +1,57 @@
+"""What every page shares: the navigation, the viewer's role in the context, pagination."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import Page, Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from controlplane.core.models import Role
+from frontend.access import principal_of
+
+# (url name, label, what the page answers): one <nav> links every page from here.
+NAV: tuple[tuple[str, str, str], ...] = (
+    ("overview", "Overview", "Where the fleet runs and whether it is healthy"),
+    ("inventory", "Regions & inventory", "Clouds, regions, GPU prices and quota"),
+    ("deployments", "Deployments", "What is served, where, and at what cost"),
+    ("plans", "Plans", "Placement changes proposed by the solver"),
+    ("routing", "Routing", "Edges and the tables they route by"),
+    ("events", "Events", "Who or what changed what, and why"),
+    ("tenants", "Tenants & keys", "Customers, their limits and API keys"),
+)
+PAGE_SIZE = 50
+
+
+def page_context(request: HttpRequest, context: dict[str, Any] | None = None) -> dict[str, Any]:
+    principal = principal_of(request)
+    current = request.resolver_match.url_name if request.resolver_match else ""
+    section = getattr(request, "nav_section", None) or current
+    return {
+        "principal": principal,
+        "can_operate": principal.has_role(Role.OPERATOR),
+        "can_admin": principal.has_role(Role.ADMIN),
+        "nav": [{"name": name, "label": label, "hint": hint, "current": name == section}
+                for name, label, hint in NAV],
+        **(context or {}),
+    }
+
+
+def render_page(request: HttpRequest, template: str, context: dict[str, Any] | None = None,
+                *, section: str | None = None, status: int = 200) -> HttpResponse:
+    """Render a dashboard page; `section` marks which nav entry it belongs to."""
+    if section:
+        request.nav_section = section  # type: ignore[attr-defined]
+    return render(request, template, page_context(request, context), status=status)
+
+
+def paginate(request: HttpRequest, queryset: Any, per_page: int = PAGE_SIZE) -> Page:
+    return Paginator(queryset, per_page).get_page(request.GET.get("page"))
+
+
+def query_without_page(request: HttpRequest) -> str:
+    """The current filters as a query string, for pagination links to keep them."""
+    params = request.GET.copy()
+    params.pop("page", None)
+    return params.urlencode()

@@ -1,0 +1,50 @@
+"""The overview at `/`: headline figures, the world map of regions and edges, what needs care."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+
+from frontend import charts, fleet, traffic
+from frontend.access import dashboard_view, principal_of
+from frontend.views.common import render_page
+
+ATTENTION_LIMIT = 10
+
+
+def _figures(request: HttpRequest) -> dict[str, object]:
+    principal = principal_of(request)
+    data = fleet.overview(principal)
+    attention = sorted(
+        (r for r in data.regions if r.health in (fleet.DOWN, fleet.DEGRADED)),
+        key=lambda r: (r.health != fleet.DOWN, r.key),
+    )
+    return {
+        "fleet": data,
+        "now": traffic.fleet_now(principal),
+        "health_seen": {h: n for h, n in data.health_counts().items() if n and h != fleet.IDLE},
+        "attention": attention[:ATTENTION_LIMIT],
+        "attention_more": max(len(attention) - ATTENTION_LIMIT, 0),
+        "edges_behind": [e for e in data.edges if e.enabled and not e.in_sync][:ATTENTION_LIMIT],
+    }
+
+
+@dashboard_view()
+def overview(request: HttpRequest) -> HttpResponse:
+    context = _figures(request)
+    data = context["fleet"]
+    context["world_map"] = charts.world_map(data.regions, data.edges)  # type: ignore[attr-defined]
+    context["legend"] = charts.health_legend()
+    return render_page(request, "frontend/overview.html", context)
+
+
+LIVE_PARTS = {
+    "figures": "frontend/partials/overview_figures.html",
+    "attention": "frontend/partials/overview_attention.html",
+}
+
+
+@dashboard_view()
+def overview_live(request: HttpRequest) -> HttpResponse:
+    """One live part of the overview (`?part=figures|attention`), re-fetched by htmx."""
+    template = LIVE_PARTS.get(request.GET.get("part", ""), LIVE_PARTS["figures"])
+    return render_page(request, template, _figures(request), section="overview")

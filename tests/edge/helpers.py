@@ -1,0 +1,96 @@
+"""Async helpers for the edge's tests: an in-process edge, signed pushes, and a client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edge.keys import public_key_id
+from edge.server import Edge, EdgeConfig
+from edge.table import canonical_bytes, sign_table
+
+HERE = Path(__file__).resolve().parent
+
+
+def signed_body(table: Mapping[str, Any], key: Ed25519PrivateKey) -> bytes:
+    document = dict(table, key_id=public_key_id(key.public_key()))
+    return canonical_bytes(sign_table(document, key))
+
+
+class EdgeUnderTest:
+    """An edge in this event loop, with its two base URLs and a client session."""
+
+    def __init__(self, edge: Edge, port: int, admin_port: int,
+                 session: aiohttp.ClientSession) -> None:
+        self.edge = edge
+        self.url = f"http://127.0.0.1:{port}"
+        self.admin_url = f"http://127.0.0.1:{admin_port}"
+        self.session = session
+
+    async def push(self, table: Mapping[str, Any], key: Ed25519PrivateKey) -> tuple[int, Any]:
+        return await self.put_table(signed_body(table, key))
+
+    async def put_table(self, body: bytes) -> tuple[int, Any]:
+        async with self.session.put(self.admin_url + "/admin/table", data=body) as response:
+            return response.status, await response.json()
+
+    async def chat(self, model: str, content: str = "hello", key: str = "sk-test",
+                   **extra: Any) -> aiohttp.ClientResponse:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        headers.update(extra.pop("headers", {}))
+        body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+        return await self.session.post(self.url + "/v1/chat/completions", json=body,
+                                       headers=headers)
+
+
+@contextlib.asynccontextmanager
+async def running_edge(key: Ed25519PrivateKey, state_dir: Path, name: str = "edge-test",
+                       **config: Any) -> AsyncIterator[EdgeUnderTest]:
+    config.setdefault("probes", False)
+    edge = Edge(EdgeConfig(name=name, region="local:test-1", state_dir=state_dir,
+                           public_keys=[key.public_key()], **config))
+    port, admin_port = await edge.start(("127.0.0.1", 0), ("127.0.0.1", 0))
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
+    try:
+        yield EdgeUnderTest(edge, port, admin_port, session)
+    finally:
+        await session.close()
+        await edge.stop(drain_s=0.5)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_engine_process(port: int, delay_s: float = 0.0,
+                         model: str = "m") -> subprocess.Popen[bytes]:
+    """A fake engine in its own process, so that a test can kill it for real."""
+    process = subprocess.Popen(
+        [sys.executable, str(HERE / "fake_engine.py"), "--port", str(port), "--model", model,
+         "--delay", str(delay_s)], stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if b"READY" not in line:
+        process.kill()
+        raise RuntimeError("fake engine did not start")
+    return process
+
+
+async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,171 @@
+"""The edge in front of enginesim, the project's vLLM stand-in: what the engine sent is what
+the client gets, byte for byte; an engine that dies costs no client an error while nothing of
+its answer had been sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import httptools
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .conftest import API_KEY, TableFactory, replica
+from .helpers import free_port, running_edge, wait_until
+
+pytest.importorskip("enginesim")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_enginesim(port: int, profile: str = "llama-8b-h100") -> subprocess.Popen[bytes]:
+    """enginesim through its command line, the contract it shares with `vllm serve`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "enginesim", "--port", str(port), "--model", "sim",
+         "--profile", profile], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def enginesim_port() -> Iterator[int]:
+    port = free_port()
+    process = start_enginesim(port)
+    try:
+        asyncio.run(wait_until(lambda: _answers(port), timeout_s=20))
+        yield port
+    finally:
+        process.kill()
+        process.wait()
+
+
+class RecordingRelay:
+    """A TCP relay that keeps every byte the upstream sent back, to compare with the client's."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.downstream = bytearray()
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, keep: bool) -> None:
+            while data := await src.read(65536):
+                if keep:
+                    self.downstream.extend(data)
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True),
+                             return_exceptions=True)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+def response_body(raw: bytes) -> bytes:
+    """The body of the HTTP response in `raw`, de-chunked."""
+    parts: list[bytes] = []
+
+    class Collector:
+        def on_body(self, body: bytes) -> None:
+            parts.append(body)
+
+    httptools.HttpResponseParser(Collector()).feed_data(raw)
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_streams_from_enginesim_arrive_byte_identical(
+        signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory,
+        enginesim_port: int, chat: bool) -> None:
+    async def scenario() -> None:
+        relay = RecordingRelay(enginesim_port)
+        await relay.start()
+        try:
+            table = make_table(models={"sim": [replica("r1", f"http://127.0.0.1:{relay.port}")]})
+            async with running_edge(signing_key, state_dir) as edge:
+                assert (await edge.push(table, signing_key))[0] == 200
+                body = ({"model": "sim", "messages": [{"role": "user", "content": "tell me"}]}
+                        if chat else {"model": "sim", "prompt": "once upon a time"})
+                body.update(stream=True, max_tokens=20,
+                            stream_options={"include_usage": True})
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                async with edge.session.post(edge.url + path, json=body, headers={
+                        "authorization": f"Bearer {API_KEY}"}) as response:
+                    assert response.status == 200
+                    chunks = [chunk async for chunk in response.content.iter_any()]
+                received = b"".join(chunks)
+                assert received.endswith(b"data: [DONE]\n\n")
+                assert received == response_body(bytes(relay.downstream))
+                assert len(chunks) > 3
+                await wait_until(lambda: edge.edge.metrics.tokens.get(
+                    ("sim", "acme", "completion")) == 20)
+        finally:
+            await relay.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_enginesim_that_dies_mid_request_costs_no_client_an_error(
+        signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory) -> None:
+    ports = [free_port(), free_port()]
+    processes = [start_enginesim(port) for port in ports]
+    try:
+        async def scenario() -> None:
+            for port in ports:
+                await wait_until(lambda port=port: _answers(port), timeout_s=20)
+            table = make_table(models={"sim": [
+                replica("dies", f"http://127.0.0.1:{ports[0]}"),
+                replica("lives", f"http://127.0.0.1:{ports[1]}")]},
+                policy={"scorers": {"load": 1.0}, "retry_before_first_byte": 2,
+                        "eject_after_failures": 1, "eject_base_s": 5.0})
+            async with running_edge(signing_key, state_dir) as edge:
+                assert (await edge.push(table, signing_key))[0] == 200
+                # Not streamed: nothing reaches a client before its answer is complete.
+                tasks = [asyncio.ensure_future(edge.chat("sim", f"question {i}", max_tokens=30))
+                         for i in range(6)]
+                await wait_until(lambda: edge.edge.stats["dies"].inflight >= 2)
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{ports[0]}/sim/faults", method="POST",
+                    data=json.dumps({"mode": "die"}).encode(),
+                    headers={"content-type": "application/json"})
+                try:
+                    await asyncio.to_thread(urllib.request.urlopen, request, timeout=5)
+                except OSError:
+                    pass  # it died before answering, as it should
+                responses = [await task for task in tasks]
+                assert [r.status for r in responses] == [200] * 6
+                bodies = [json.loads(await r.read()) for r in responses]
+                assert all(b["choices"][0]["message"]["content"] for b in bodies)
+                assert edge.edge.metrics.retries.get(("sim",)) >= 2
+
+        asyncio.run(scenario())
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,83 @@
+"""The edge as an operator runs it: `python -m edge`, without Django, from its state dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edge.keys import public_key_pem
+from edge.table import canonical_bytes, load_verified, save_last_known_good, sign_table
+
+from .conftest import TableFactory
+from .helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_edge_never_imports_django() -> None:
+    code = ("import sys, edge.__main__, edge.server, edge.local, edge.pull, edge.admin; "
+            "sys.exit('django' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def get(url: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_python_m_edge_serves_its_last_known_good_table_and_stops_on_sigterm(
+        tmp_path: Path, signing_key: Ed25519PrivateKey, make_table: TableFactory) -> None:
+    state = tmp_path / "state"
+    table = load_verified(canonical_bytes(sign_table(make_table(version=21, edge="edge-cli"),
+                                                     signing_key)),
+                          [signing_key.public_key()])
+    save_last_known_good(state, table)
+    key_file = tmp_path / "cp.pub"
+    key_file.write_bytes(public_key_pem(signing_key))
+    port, admin_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "edge", "--name", "edge-cli", "--region", "local:test-1",
+         "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+         "--state-dir", str(state), "--public-key", str(key_file), "--no-probes",
+         "--access-log", "off", "--log-level", "WARNING"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                status, body = get(f"http://127.0.0.1:{admin_port}/admin/table")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "the edge did not start"
+                time.sleep(0.05)
+        assert (status, body["version"], body["source"]) == (200, 21, "disk")
+        assert get(f"http://127.0.0.1:{port}/healthz") == (200, {"status": "ok",
+                                                                  "table_version": 21})
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_bad_arguments_are_refused_with_the_reason(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "edge", "--name", "e", "--region", "nowhere", "--listen",
+         "127.0.0.1:1", "--admin-listen", "127.0.0.1:2", "--state-dir", str(tmp_path),
+         "--public-key", str(tmp_path / "missing.pem")],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode != 0
+    assert "CLOUD:REGION" in result.stderr

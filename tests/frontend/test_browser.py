@@ -1,0 +1,241 @@
+"""The dashboard in Debian's Chromium through Playwright: sign in, every page renders with no
+console errors, the map draws, an operator acts, a viewer sees no buttons and is refused.
+
+Each page's screenshot is saved to artifacts/screenshots/<page>.png for people to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.core.models import AuditLog, Role
+from controlplane.deployments.models import Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.placement.models import Plan, PlanStatus
+from tests.frontend.fleet import Fleet, seed_fleet
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+VIEWPORT = {"width": 1440, "height": 900}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run tools/ensure_chromium.sh")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's driver keeps an event loop in this thread; the tests' own ORM calls are
+    # synchronous and run between browser steps, never inside that loop.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+class Tab:
+    """A browser page that records console errors, page errors and failed requests."""
+
+    def __init__(self, page: Any, base_url: str) -> None:
+        self.page, self.base_url = page, base_url
+        self.problems: list[str] = []
+        page.on("console", lambda m: m.type == "error" and self.problems.append(
+            f"console: {m.text} ({page.url})"))
+        page.on("pageerror", lambda e: self.problems.append(f"page error: {e} ({page.url})"))
+        # A request cut short because the test moved on to the next page is not a fault.
+        page.on("requestfailed", lambda r: r.failure != "net::ERR_ABORTED" and self.problems.append(
+            f"request failed: {r.url} {r.failure}"))
+
+    def open(self, path: str) -> Any:
+        response = self.page.goto(self.base_url + path, wait_until="load")
+        assert response is not None and response.status == 200, (path, response and response.status)
+        return response
+
+    def sign_in(self, username: str) -> None:
+        self.page.goto(self.base_url + "/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", f"pw-{username}")
+        self.page.click("button[type=submit]")
+        self.page.wait_for_url(self.base_url + "/")
+
+    def shoot(self, name: str) -> None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+    def forge_post(self, path: str, form: dict[str, str]) -> int:
+        """POST as this page's script could, with the session's CSRF token: the status."""
+        return int(self.page.evaluate(
+            """async ([url, form]) => {
+                const token = document.cookie.split('; ').find(c => c.startsWith('csrftoken='))
+                    .split('=')[1];
+                const body = new URLSearchParams(form);
+                const r = await fetch(url, {method: 'POST', body,
+                                            headers: {'X-CSRFToken': token}});
+                return r.status;
+            }""", [self.base_url + path, form]))
+
+
+@pytest.fixture
+def tab(browser: Any, live_server: Any) -> Iterator[Callable[[], Tab]]:
+    contexts = []
+
+    def open_tab() -> Tab:
+        context = browser.new_context(viewport=VIEWPORT)
+        contexts.append(context)
+        return Tab(context.new_page(), live_server.url)
+
+    yield open_tab
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def browser_fleet(catalog: dict[str, Any], tenants: dict[str, Any]) -> Fleet:
+    return seed_fleet(catalog, tenants, regions=40, replicas=60, edges=3)
+
+
+def test_every_page_renders_without_errors_and_the_map_draws(
+    tab: Callable[[], Tab], browser_fleet: Fleet, make_user: Callable[..., Any],
+) -> None:
+    make_user(Role.ADMIN, username="ada")
+    page = tab()
+    page.open("/login/")
+    page.shoot("sign-in")
+    page.sign_in("ada")
+    assert page.page.locator("nav[aria-label=Main] a").count() == 7
+
+    page.page.wait_for_selector("#world-map .scattergeo", state="attached")
+    assert page.page.locator("#world-map .geolayer").count() == 1
+    assert page.page.locator("#world-map .scattergeo path.point").count() >= 40
+    # The coastlines come from the vendored topojson: a long path once it has loaded.
+    land = page.page.locator("#world-map .layer.land path").first.get_attribute("d") or ""
+    assert len(land) > 10_000
+    page.shoot("overview")
+    # The live parts re-fetch themselves with htmx; ask for them now instead of waiting.
+    for part in ("#overview-figures", "#overview-attention"):
+        with page.page.expect_response(lambda r: "/live/overview/" in r.url) as answer:
+            page.page.evaluate(
+                "part => htmx.ajax('GET', document.querySelector(part).getAttribute('hx-get'),"
+                " {target: part, swap: 'outerHTML'})", part)
+        assert answer.value.status == 200
+    page.page.wait_for_selector("#overview-figures .card")
+
+    pages = [
+        ("inventory", "/inventory/", "table"),
+        ("inventory-regions", "/inventory/?tab=regions&jurisdiction=EU", "table"),
+        ("deployments", "/deployments/", "table"),
+        ("deployment", f"/deployments/{browser_fleet.acme.name}/", "#chart-latency .scatterlayer"),
+        ("plans", "/plans/", "table"),
+        ("plan", f"/plans/{browser_fleet.plan.pk}/", "table"),
+        ("routing", "/routing/", "#edge-table table"),
+        ("routing-diff", f"/routing/{browser_fleet.edges[0].name}/diff/", ".diff-add"),
+        ("events", "/events/", "#events-chart .barlayer"),
+        ("tenants", "/tenants/", "table"),
+        ("tenant", "/tenants/acme/", "table"),
+    ]
+    for name, path, ready in pages:
+        page.open(path)
+        page.page.wait_for_selector(ready, state="attached")
+        page.shoot(name)
+    assert page.problems == []
+
+
+def test_operator_drains_a_replica_scales_and_applies_a_plan(
+    tab: Callable[[], Tab], browser_fleet: Fleet, catalog: dict[str, Any],
+    make_user: Callable[..., Any],
+    sent_tasks: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
+) -> None:
+    make_user(Role.OPERATOR, username="otto")
+    page = tab()
+    page.sign_in("otto")
+    page.page.on("dialog", lambda dialog: dialog.accept())
+
+    page.open(f"/deployments/{browser_fleet.acme.name}/")
+    drain_button = page.page.locator("button", has_text="Drain")
+    row = page.page.locator("#replica-table tr", has=drain_button).first
+    replica_id = int(row.locator("td").first.inner_text().split()[0].removeprefix("r-"))
+    row.locator("button", has_text="Drain").click()
+    page.page.wait_for_selector(".message.success")
+    assert Replica.objects.get(pk=replica_id).state == S.DRAINING
+    assert AuditLog.objects.filter(action="replica.draining", actor="otto",
+                                   object_id=str(replica_id)).exists()
+    assert ("provisioning.terminate_replica", (replica_id, "drained by otto"),
+            {"countdown": 30}) in sent_tasks
+
+    region = catalog["ams"]
+    before = Replica.objects.filter(deployment=browser_fleet.acme, region=region,
+                                    state__in=[S.PENDING]).count()
+    page.page.select_option("#id_region", region.key)
+    page.page.fill("#id_replicas", "9")
+    page.page.fill("#id_reason", "more EU capacity")
+    page.page.click("text=Review change")
+    page.page.wait_for_selector("text=Nothing has changed yet")
+    page.shoot("scale-confirm")
+    page.page.click("button:has-text('Confirm')")
+    page.page.wait_for_selector(".message.success")
+    assert Replica.objects.filter(deployment=browser_fleet.acme, region=region,
+                                  state=S.PENDING).count() > before
+
+    page.open(f"/plans/{browser_fleet.plan.pk}/")
+    page.page.click("button:has-text('Approve')")
+    page.page.wait_for_selector("text=approved.")
+    page.page.click("button:has-text('Apply')")
+    page.page.wait_for_selector("text=is being applied")
+    assert Plan.objects.get(pk=browser_fleet.plan.pk).status == PlanStatus.APPLYING
+    assert re.search(r"plan\.apply", "".join(
+        AuditLog.objects.filter(actor="otto").values_list("action", flat=True)))
+    assert page.problems == []
+
+
+def test_viewer_sees_no_action_buttons_and_forged_posts_are_refused(
+    tab: Callable[[], Tab], browser_fleet: Fleet, make_user: Callable[..., Any],
+) -> None:
+    make_user(Role.VIEWER, username="vera")
+    page = tab()
+    page.sign_in("vera")
+    detail = f"/deployments/{browser_fleet.acme.name}/"
+    page.open(detail)
+    assert page.page.locator("#replica-table tbody tr").count() > 0
+    assert page.page.locator("button", has_text="Drain").count() == 0
+    assert page.page.locator("text=Scale in a region").count() == 0
+    page.open(f"/plans/{browser_fleet.plan.pk}/")
+    assert page.page.locator("button", has_text="Approve").count() == 0
+    page.open("/tenants/acme/")
+    assert page.page.locator("text=Create a key").count() == 0
+    assert page.page.locator("button", has_text="Revoke").count() == 0
+
+    ready = next(r for r in browser_fleet.replicas
+                 if r.deployment_id == browser_fleet.acme.pk and r.state == S.READY)
+    forged = {
+        f"/replicas/{ready.pk}/drain/": {"reason": "forged"},
+        f"{detail}scale/": {"region": "aws:eu-central-1", "replicas": "0", "confirm": "yes"},
+        f"/plans/{browser_fleet.plan.pk}/approve/": {},
+        "/tenants/acme/keys/": {"name": "forged", "tier": "interactive"},
+    }
+    for path, form in forged.items():
+        assert page.forge_post(path, form) == 403, path
+    assert Replica.objects.get(pk=ready.pk).state == S.READY
+    assert Plan.objects.get(pk=browser_fleet.plan.pk).status == PlanStatus.PROPOSED
+    assert not AuditLog.objects.filter(actor="vera").exists()
+    page.open(detail)
+    page.shoot("viewer-deployment")
