@@ -1,247 +1,369 @@
-"""HTTP handlers: vLLM's OpenAI server surface (health, models, completions, chat, metrics).
+"""HTTP handlers: vLLM's OpenAI server surface, plus the simulator's admin endpoints.
 
-Response shapes, SSE framing and error bodies follow vLLM's OpenAI-compatible server:
-`data: {json}\\n\\n` chunks, the first chat chunk carrying the role, a usage chunk with
-`choices: []` when `stream_options.include_usage` is set, then `data: [DONE]`.
+Served: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
+GET /metrics; and GET/POST /sim/faults (fault injection) and GET /sim/state (the
+scheduler's queues and KV cache, for tests and the curious). Other paths answer like
+Starlette does in vLLM (`{"detail": "Not Found"}`). With API keys configured, /v1 paths
+want `Authorization: Bearer <key>` and answer 401 `{"error": "Unauthorized"}` otherwise,
+as vLLM's AuthenticationMiddleware does; /health and /metrics stay open.
+
+A streamed answer's headers go out at once; from then on the engine loop writes each token's
+SSE frame straight to the connection (HTTP/1.1 chunked framing, as aiohttp set it up), and
+the handler only waits for the end to close the body. A client that goes away aborts its
+request in the engine, freeing its batch slot and KV blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hashlib
+import hmac
+import os
 import time
-import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from enginesim.engine import Engine, SimRequest
-from enginesim.faults import Faults
+from enginesim.engine import Engine
+from enginesim.faults import FaultError, Faults, parse_faults
 from enginesim.metrics import EngineMetrics
 from enginesim.profiles import Profile
-from enginesim.tokens import generation_seed, natural_length, tokenize
+from enginesim.protocol import (
+    DONE,
+    ApiError,
+    GenerationRequest,
+    StreamFrames,
+    check_context,
+    dumps,
+    models_body,
+    parse_generation,
+    random_uuid,
+    whole_body,
+)
+from enginesim.scheduler import Scheduler, Sequence
+from enginesim.tokenizer import (
+    block_hashes,
+    count_tokens,
+    generated_text,
+    generation_offset,
+    natural_length,
+    token_index,
+)
 
-ENGINE_KEY = web.AppKey("engine", Engine)
-CONFIG_KEY = web.AppKey("config", dict)
-FAULTS_KEY = web.AppKey("faults", Faults)
+JSON = "application/json"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Paths served above; another method on them is 405, as Starlette answers.
+ROUTED_PATHS = frozenset({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                          "/metrics", "/sim/state"})
 
 
-def error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}},
-        status=status,
-    )
+@dataclass
+class ServerConfig:
+    model: str
+    served_model_names: list[str]
+    max_model_len: int
+    seed: int = 0
+    faults: Faults = field(default_factory=Faults)
+    # SHA-256 digests of the accepted API keys; empty: no authentication, as vllm serve
+    # without --api-key.
+    api_key_digests: tuple[bytes, ...] = ()
+
+    def authorized(self, header: str | None) -> bool:
+        if not self.api_key_digests:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(token.encode()).digest()
+        return any(hmac.compare_digest(digest, key) for key in self.api_key_digests)
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+class WholeOutput:
+    """A non-streamed request: nothing per token, one wake-up when it finishes."""
+
+    __slots__ = ("done", "max_tokens_param")
+
+    def __init__(self, done: asyncio.Future[None], max_tokens_param: int | None) -> None:
+        self.done = done
+        self.max_tokens_param = max_tokens_param
+
+    def deliver(self, seq: Sequence) -> None:
+        if seq.finish_reason is not None and not self.done.done():
+            self.done.set_result(None)
 
 
-def render_chat(messages: list[dict[str, Any]]) -> str:
-    """A chat template: role-tagged turns, then the assistant's turn."""
-    parts = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append(f"<|{message.get('role', 'user')}|>\n{content or ''}\n")
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
+class StreamOutput:
+    """A streamed request: each token's frame is written to the socket as it is sampled."""
+
+    __slots__ = ("done", "max_tokens_param", "frames", "offset", "include_usage", "transport",
+                 "chunked", "engine")
+
+    def __init__(self, done: asyncio.Future[None], max_tokens_param: int | None,
+                 frames: StreamFrames, offset: int, include_usage: bool,
+                 transport: asyncio.Transport, chunked: bool, engine: Engine) -> None:
+        self.done = done
+        self.max_tokens_param = max_tokens_param
+        self.frames = frames
+        self.offset = offset
+        self.include_usage = include_usage
+        self.transport = transport
+        self.chunked = chunked
+        self.engine = engine
+
+    def deliver(self, seq: Sequence) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            self.engine.abort(seq)
+            if not self.done.done():
+                self.done.set_result(None)
+            return
+        frames = self.frames
+        position = seq.num_output - 1
+        reason = seq.finish_reason
+        vocab = None if reason == "stop" else token_index(self.offset, position)
+        data = frames.token(vocab, reason, seq.num_output)
+        if position == 0 and frames.chat:
+            data = frames.role() + data
+        if reason is not None:
+            if self.include_usage:
+                data += frames.usage(seq.prompt_len, seq.num_output)
+            data += DONE
+        if self.chunked:
+            # Concatenation, not %-formatting with a tuple: nothing the cyclic GC tracks is
+            # allocated per token, so its collections stay rare and short.
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
+        transport.write(data)
+        if reason is not None and not self.done.done():
+            self.done.set_result(None)
 
 
-class Handlers:
-    def __init__(self, app: web.Application) -> None:
-        self.app = app
+class EngineServer:
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.unhung = asyncio.Event()
+        self.apply_faults(config.faults)
 
-    @property
-    def engine(self) -> Engine:
-        return self.app[ENGINE_KEY]
+    # -- faults ------------------------------------------------------------------------------
+    def apply_faults(self, faults: Faults) -> None:
+        self.config.faults = faults
+        self.engine.slow_factor = faults.slow_factor
+        if faults.hangs:
+            self.engine.pause()
+            self.unhung.clear()
+        else:
+            self.engine.resume()
+            self.unhung.set()
 
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.app[CONFIG_KEY]
+    async def _gate(self) -> None:
+        """Hold the request while the engine hangs, as a wedged engine would."""
+        if not self.unhung.is_set():
+            await self.unhung.wait()
 
+    # -- vLLM's endpoints --------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        if self.app[FAULTS_KEY].mode == "hang":
-            await asyncio.Event().wait()
+        await self._gate()
+        faults = self.config.faults
+        if faults.fails_health:
+            return web.Response(status=faults.status)
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
         cfg = self.config
-        return web.json_response({"object": "list", "data": [{
-            "id": cfg["served_model_name"], "object": "model", "created": cfg["created"],
-            "owned_by": "vllm", "root": cfg["model"], "parent": None,
-            "max_model_len": cfg["max_model_len"], "permission": [],
-        }]})
+        return web.Response(body=models_body(cfg.served_model_names, cfg.model,
+                                             cfg.max_model_len), content_type=JSON)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.engine.metrics.exposition(),
-                            content_type="text/plain", charset="utf-8")
-
-    async def faults(self, request: web.Request) -> web.Response:
-        faults = self.app[FAULTS_KEY]
-        if request.method == "POST":
-            try:
-                faults.set(await request.json())
-            except (ValueError, TypeError) as exc:
-                return error(400, str(exc), "BadRequestError")
-            self.engine.slow_factor = faults.factor if faults.mode == "slow" else 1.0
-            self.engine.paused = faults.mode == "hang"
-        return web.json_response(faults.as_dict())
+        body = self.engine.metrics.render(self.engine.state())
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        faults = self.app[FAULTS_KEY]
-        if faults.mode == "fail":
-            return error(faults.status, "injected failure", "InternalServerError")
-        if faults.mode == "hang":
-            await asyncio.Event().wait()
+        await self._gate()
+        cfg = self.config
+        if cfg.faults.fails_requests:
+            status = cfg.faults.status
+            return _error(ApiError(status, "The engine is failing on purpose (fault injection "
+                                   f"mode 'fail', status {status}).", _error_type(status)))
+        arrival = time.monotonic()
         try:
             body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return error(400, "The request body is not valid JSON.", "BadRequestError")
-        if not isinstance(body, dict):
-            return error(400, "The request body must be a JSON object.", "BadRequestError")
-        cfg = self.config
-        model = body.get("model")
-        if model != cfg["served_model_name"]:
-            return error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                return error(400, "messages must be a non-empty list", "BadRequestError",
-                             "messages")
-            prompt = render_chat(messages)
-        else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list):
-                prompt = "".join(str(p) for p in prompt)
-            if not isinstance(prompt, str):
-                return error(400, "prompt must be a string", "BadRequestError", "prompt")
-        tokens = tokenize(prompt)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            return error(400, "max_tokens must be a positive integer", "BadRequestError",
-                         "max_tokens")
-        limit = cfg["max_model_len"]
-        if len(tokens) + (max_tokens or 0) > limit or len(tokens) >= limit:
-            return error(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {len(tokens) + (max_tokens or 0)} tokens ({len(tokens)} in the "
-                f"messages, {max_tokens or 0} in the completion). Please reduce the length of "
-                "the messages or completion.", "BadRequestError", "messages" if chat else "prompt")
-        seed = generation_seed(prompt, body.get("seed"), cfg["seed"])
-        if max_tokens is None:
-            # vLLM: completions default to 16 tokens; chat runs to the end of the answer.
-            length, on_length = (16, True) if not chat else (
-                min(natural_length(seed), limit - len(tokens)), False)
-        else:
-            natural = natural_length(seed)
-            length, on_length = (max_tokens, True) if max_tokens <= natural else (natural, False)
-        sim = SimRequest(tokens, length, on_length, seed)
-        self.engine.submit(sim)
-        stream = bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
+        except ValueError as exc:
+            return _error(ApiError(400, f"The request body is not valid JSON: {exc}",
+                                   "Bad Request"))
+        model = body.get("model") if isinstance(body, dict) else None
+        if model is not None and model not in cfg.served_model_names:
+            return _error(ApiError(404, f"The model `{model}` does not exist.",
+                                   "NotFoundError", "model"))
         try:
-            if stream:
-                return await self._stream(request, sim, rid, created, chat, include_usage)
-            return await self._whole(sim, rid, created, chat)
+            parsed = parse_generation(body, chat)
+            prompt_tokens = count_tokens(parsed.prompt)
+            check_context(prompt_tokens, parsed.max_tokens, cfg.max_model_len)
+        except ApiError as exc:
+            return _error(exc)
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        request_id = prefix + request.headers.get("X-Request-Id", random_uuid())
+        created = int(time.time())
+        served = cfg.served_model_names[0]
+        offset = generation_offset(cfg.seed, parsed.seed, parsed.prompt)
+        max_tokens = (parsed.max_tokens if parsed.max_tokens is not None
+                      else cfg.max_model_len - prompt_tokens)
+        seq = Sequence(prompt_tokens, block_hashes(parsed.prompt), max_tokens,
+                       _eos_at(parsed, offset), arrival)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not parsed.stream:
+            seq.payload = WholeOutput(done, parsed.max_tokens)
+            return await self._answer_whole(seq, done, chat, request_id, created, served,
+                                            offset)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        writer = await response.prepare(request)
+        transport = request.transport
+        if writer is None or transport is None:
+            return response
+        frames = StreamFrames(chat, request_id, created, served, parsed.continuous_usage,
+                              prompt_tokens)
+        seq.payload = StreamOutput(done, parsed.max_tokens, frames, offset,
+                                   parsed.include_usage, transport,
+                                   bool(getattr(writer, "chunked", False)), self.engine)
+        self.engine.submit(seq)
+        try:
+            await done
         finally:
-            if sim.finished is None:
-                self.engine.abort(sim)
-
-    async def _next_tokens(self, sim: SimRequest) -> list[str]:
-        while not sim.out and sim.finished is None:
-            sim.event.clear()
-            await sim.event.wait()
-        out, sim.out = sim.out, []
-        return out
-
-    async def _whole(self, sim: SimRequest, rid: str, created: int, chat: bool) -> web.Response:
-        text = []
-        while sim.finished is None or sim.out:
-            text.extend(await self._next_tokens(sim))
-        usage = {"prompt_tokens": sim.n_prompt, "total_tokens": sim.n_prompt + sim.generated,
-                 "completion_tokens": sim.generated, "prompt_tokens_details": None}
-        model = self.config["served_model_name"]
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": "".join(text),
-                                              "tool_calls": [], "reasoning_content": None},
-                      "logprobs": None, "finish_reason": sim.finished, "stop_reason": None}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": "".join(text), "logprobs": None,
-                      "finish_reason": sim.finished, "stop_reason": None,
-                      "prompt_logprobs": None}
-            obj = "text_completion"
-        return web.json_response({"id": rid, "object": obj, "created": created, "model": model,
-                                  "choices": [choice], "usage": usage})
-
-    async def _stream(self, request: web.Request, sim: SimRequest, rid: str, created: int,
-                      chat: bool, include_usage: bool) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        model = _dumps(self.config["served_model_name"])
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        head = f'data: {{"id":"{rid}","object":"{obj}","created":{created},"model":{model},"choices":['
-        if chat:
-            await response.write((head + '{"index":0,"delta":{"role":"assistant","content":""},'
-                                  '"logprobs":null,"finish_reason":null}]}\n\n').encode())
-        while True:
-            tokens = await self._next_tokens(sim)
-            done = sim.finished is not None and not sim.out
-            frames = []
-            for i, token in enumerate(tokens):
-                last = done and i == len(tokens) - 1
-                reason = _dumps(sim.finished) if last else "null"
-                if chat:
-                    frames.append(f'{head}{{"index":0,"delta":{{"content":{_dumps(token)}}},'
-                                  f'"logprobs":null,"finish_reason":{reason}}}]}}\n\n')
-                else:
-                    frames.append(f'{head}{{"index":0,"text":{_dumps(token)},"logprobs":null,'
-                                  f'"finish_reason":{reason},"stop_reason":null}}]}}\n\n')
-            if frames:
-                await response.write("".join(frames).encode())
-            if done:
-                break
-        if include_usage:
-            usage = {"prompt_tokens": sim.n_prompt, "total_tokens": sim.n_prompt + sim.generated,
-                     "completion_tokens": sim.generated}
-            await response.write(f'{head}],"usage":{_dumps(usage)}}}\n\n'.encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            if seq.finish_reason is None:
+                self.engine.abort(seq)
+        if not transport.is_closing():
+            await response.write_eof()
         return response
 
+    async def _answer_whole(self, seq: Sequence, done: asyncio.Future[None], chat: bool,
+                            request_id: str, created: int, served: str,
+                            offset: int) -> web.Response:
+        self.engine.submit(seq)
+        try:
+            await done
+        finally:
+            if seq.finish_reason is None:
+                self.engine.abort(seq)
+        reason = seq.finish_reason or "abort"
+        text = generated_text(offset, seq.num_output, reason == "stop")
+        return web.Response(body=whole_body(chat, request_id, created, served, text, reason,
+                                            seq.prompt_len, seq.num_output), content_type=JSON)
 
-def build_app(profile: Profile, model: str, served_model_name: str, max_model_len: int,
-              max_num_seqs: int | None, kv_cache_tokens: int | None, seed: int) -> web.Application:
+    # -- the simulator's admin endpoints ---------------------------------------------------
+    async def faults(self, request: web.Request) -> web.Response:
+        if request.method not in ("GET", "POST"):
+            return web.Response(status=405, body=b'{"detail":"Method Not Allowed"}',
+                                content_type=JSON)
+        if request.method == "POST":
+            try:
+                faults = parse_faults(await request.json())
+            except (FaultError, ValueError) as exc:
+                return web.Response(status=400, body=dumps({"error": str(exc)}),
+                                    content_type=JSON)
+            if faults.mode == "die":
+                # Answer first, then vanish without closing anything, as a crash would.
+                asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+            else:
+                self.apply_faults(faults)
+            return web.Response(body=dumps(faults.as_dict()), content_type=JSON)
+        return web.Response(body=dumps(self.config.faults.as_dict()), content_type=JSON)
+
+    async def state(self, request: web.Request) -> web.Response:
+        s = self.engine.scheduler
+        pool = s.pool
+        return web.Response(body=dumps({
+            "profile": s.profile.name, "running": len(s.running), "waiting": len(s.waiting),
+            "pending": len(s.pending), "steps": s.steps, "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "kv_blocks": pool.num_blocks, "kv_free_blocks": pool.num_free,
+            "kv_cached_blocks": pool.num_cached, "kv_cache_usage": pool.usage(),
+            "paused": self.engine.paused, "faults": self.config.faults.as_dict(),
+        }), content_type=JSON)
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        if request.path in ROUTED_PATHS:
+            return web.Response(status=405, body=b'{"detail":"Method Not Allowed"}',
+                                content_type=JSON)
+        return web.Response(status=404, body=b'{"detail":"Not Found"}', content_type=JSON)
+
+
+def _error(exc: ApiError) -> web.Response:
+    return web.Response(status=exc.status, body=exc.body(), content_type=JSON)
+
+
+def _error_type(status: int) -> str:
+    if status == 404:
+        return "NotFoundError"
+    if 400 <= status < 500:
+        return "BadRequestError"
+    return "InternalServerError" if status == 500 else "ServiceUnavailableError"
+
+
+def _eos_at(parsed: GenerationRequest, offset: int) -> int | None:
+    if parsed.ignore_eos:
+        return None
+    return max(natural_length(offset), parsed.min_tokens + 1)
+
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+SERVER_KEY = web.AppKey("server", EngineServer)
+
+
+def build_app(profile: Profile, model: str, served_model_name: str | list[str],
+              max_model_len: int | None = None, max_num_seqs: int | None = None,
+              kv_cache_tokens: int | None = None, seed: int = 0, *,
+              max_num_batched_tokens: int | None = None,
+              faults: Faults | None = None,
+              api_keys: list[str] | None = None) -> web.Application:
+    """An aiohttp application serving one simulated engine (its loop starts with the app)."""
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+    max_model_len = max_model_len or profile.max_model_len
+    kv_tokens = kv_cache_tokens or profile.kv_cache_tokens
+    if max_model_len > kv_tokens:
+        raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache ({kv_tokens} "
+                         "tokens): a full-length request could never be scheduled")
+    # Built here, before anything listens, so that a bad combination fails at once.
+    scheduler = Scheduler(profile, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          kv_cache_tokens=kv_tokens, max_model_len=max_model_len)
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    engine = Engine(profile, EngineMetrics(served_model_name), max_num_seqs, kv_cache_tokens)
-    app[ENGINE_KEY] = engine
-    app[FAULTS_KEY] = Faults()
-    app[CONFIG_KEY] = {"model": model, "served_model_name": served_model_name,
-                       "max_model_len": max_model_len, "seed": seed, "created": int(time.time())}
-    handlers = Handlers(app)
-    app.router.add_get("/health", handlers.health)
-    app.router.add_get("/v1/models", handlers.models)
-    app.router.add_post("/v1/completions", handlers.completions)
-    app.router.add_post("/v1/chat/completions", handlers.chat)
-    app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_route("*", "/sim/faults", handlers.faults)
+    config = ServerConfig(model, names, max_model_len, seed, faults or Faults(),
+                          tuple(hashlib.sha256(k.encode()).digest() for k in api_keys or ()))
 
-    async def start_engine(app: web.Application) -> Any:
-        task = asyncio.create_task(engine.run())
+    async def lifecycle(app: web.Application) -> Any:
+        engine = Engine(scheduler, EngineMetrics(names[0], max_model_len))
+        server = EngineServer(engine, config)
+        app[ENGINE_KEY] = engine
+        app[SERVER_KEY] = server
+        engine.start()
         yield
-        task.cancel()
+        await engine.stop()
 
-    app.cleanup_ctx.append(start_engine)
+    app.cleanup_ctx.append(lifecycle)
+
+    def route(name: str) -> Any:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            server = request.app[SERVER_KEY]
+            if (request.path.startswith("/v1")
+                    and not server.config.authorized(request.headers.get("Authorization"))):
+                return web.Response(status=401, body=b'{"error":"Unauthorized"}',
+                                    content_type=JSON)
+            return await getattr(server, name)(request)
+        return handler
+
+    app.router.add_get("/health", route("health"))
+    app.router.add_get("/v1/models", route("models"))
+    app.router.add_post("/v1/completions", route("completions"))
+    app.router.add_post("/v1/chat/completions", route("chat_completions"))
+    app.router.add_get("/metrics", route("metrics"))
+    app.router.add_route("*", "/sim/faults", route("faults"))
+    app.router.add_get("/sim/state", route("state"))
+    app.router.add_route("*", "/{tail:.*}", route("not_found"))
     return app

@@ -1,36 +1,78 @@
-"""The engine under contract: an enginesim started here, or a real vLLM at VLLM_BASE_URL."""
+"""The engine under contract: an enginesim started here, or a real vLLM at VLLM_BASE_URL.
+
+With VLLM_BASE_URL set (e.g. http://gpu-box:8000) the suite runs unchanged against that
+server; VLLM_MODEL picks the served model (default: the first /v1/models lists) and
+VLLM_API_KEY is sent as a bearer token when the server wants one. Nothing here imports the
+rest of Meridian: the contract is vLLM's HTTP surface and nothing else.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
+SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SIM_SERVED = "llama-3.1-8b"
+SIM_MAX_MODEL_LEN = 4096
+
 
 @dataclass(frozen=True)
-class EngineUnderTest:
+class Engine:
     base_url: str
     model: str
     max_model_len: int
     simulated: bool
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def request(self, method: str, path: str,
+                body: dict[str, Any] | bytes | None = None) -> urllib.request.Request:
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        headers = {**self.headers, **({"Content-Type": "application/json"} if data else {})}
+        return urllib.request.Request(self.base_url + path, data=data, method=method,
+                                      headers=headers)
+
+    def call(self, method: str, path: str, body: dict[str, Any] | bytes | None = None,
+             timeout: float = 120) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers and body; an HTTP error status is returned, not raised."""
+        try:
+            with urllib.request.urlopen(self.request(method, path, body),
+                                        timeout=timeout) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+    def post_json(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        status, _, raw = self.call("POST", path, body)
+        return status, json.loads(raw)
+
+    def metrics(self) -> str:
+        status, _, raw = self.call("GET", "/metrics")
+        assert status == 200
+        return raw.decode()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the engine exited with status {proc.returncode}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=1) as response:
                 if response.status == 200:
@@ -41,24 +83,28 @@ def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
 
 
 @pytest.fixture(scope="session")
-def engine() -> Iterator[EngineUnderTest]:
-    base = os.environ.get("VLLM_BASE_URL")
+def engine() -> Iterator[Engine]:
+    base = os.environ.get("VLLM_BASE_URL", "").rstrip("/")
     if base:
-        import json
-
-        with urllib.request.urlopen(base.rstrip("/") + "/v1/models", timeout=10) as response:
-            model = json.loads(response.read())["data"][0]
-        yield EngineUnderTest(base.rstrip("/"), os.environ.get("VLLM_MODEL", model["id"]),
-                              int(model.get("max_model_len", 4096)), simulated=False)
+        key = os.environ.get("VLLM_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        probe = Engine(base, "", 0, False, headers)
+        status, _, raw = probe.call("GET", "/v1/models", timeout=30)
+        assert status == 200, f"{base}/v1/models answered {status}"
+        listed = json.loads(raw)["data"]
+        model = os.environ.get("VLLM_MODEL") or listed[0]["id"]
+        card = next(m for m in listed if m["id"] == model)
+        yield Engine(base, model, int(card["max_model_len"]), False, headers)
         return
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "enginesim", "--port", str(port),
-                             "--model", "meta-llama/Llama-3.1-8B-Instruct",
-                             "--served-model-name", "llama-3.1-8b", "--max-model-len", "4096"])
+                             "--model", SIM_MODEL, "--served-model-name", SIM_SERVED,
+                             "--max-model-len", str(SIM_MAX_MODEL_LEN)],
+                            stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url)
-        yield EngineUnderTest(url, "llama-3.1-8b", 4096, simulated=True)
+        wait_healthy(url, proc)
+        yield Engine(url, SIM_SERVED, SIM_MAX_MODEL_LEN, True)
     finally:
         proc.terminate()
         proc.wait(10)

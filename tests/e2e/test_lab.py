@@ -44,6 +44,8 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
         **os.environ,
         "DATABASE_URL": urlunsplit(parts._replace(path=f"/{lab_db}")),
         "MERIDIAN_BEAT_STALE_S": "60",
+        # A Redis database of its own: another lab on this machine must not take its tasks.
+        "REDIS_URL": f"redis://127.0.0.1:6379/{1 + port % 15}",
     }
     lab = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir", str(tmp_path),
