@@ -38,6 +38,10 @@ from edge.prefix import block_keys, chat_prompt_text
 from edge.table import Replica, RoutingTable, TenantRules
 from edge.upstream import HOP_BY_HOP, Listener, UpstreamConnection, UpstreamError
 
+# The key engines are started with (vLLM's --api-key), from the same secret the providers use.
+_ENGINE_KEY = os.environ.get("MERIDIAN_ENGINE_API_KEY", "")
+ENGINE_AUTHORIZATION = b"authorization: Bearer %s\r\n" % _ENGINE_KEY.encode() if _ENGINE_KEY else b""
+
 if TYPE_CHECKING:
     from edge.server import Edge
 
@@ -668,9 +672,11 @@ class ClientApi:
 
     def upstream_head(self, request: Request, exchange: Exchange, length: int) -> bytes:
         """The request head after `POST <base path>` (the base path and host are per
-        replica)."""
+        replica). The client's key stays here; engines started with `--api-key` get the
+        fleet's engine key instead."""
         parts = [exchange.upstream_path, b" HTTP/1.1\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\nx-request-id: " % length, exchange.request_id, b"\r\n"]
+                 b"content-length: %d\r\nx-request-id: " % length, exchange.request_id, b"\r\n",
+                 ENGINE_AUTHORIZATION]
         headers = request.headers
         for name in FORWARDED_HEADERS:
             value = headers.get(name)

@@ -8,6 +8,7 @@ twice at once: the loser of a race gets IllegalTransition and stops.
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -234,7 +235,9 @@ def check(replica_id: int) -> str:
     url = provider.endpoint(handle) or ""
     if replica.state == S.PROVISIONING:
         replica = transition(replica, S.STARTING, actor=SYSTEM, reason="node running", url=url)
-    readiness = engine_readiness(url, replica.deployment.served_model_name)
+    # Engines started with --api-key (SkyPilot replicas) guard /v1/*; /health stays open.
+    readiness = engine_readiness(url, replica.deployment.served_model_name,
+                                 api_key=os.environ.get("MERIDIAN_ENGINE_API_KEY") or None)
     if not readiness.ready:
         return S.STARTING
     transition(replica, S.READY, actor=SYSTEM, reason=readiness.detail)
