@@ -1,29 +1,51 @@
-"""The capacity model (DESIGN §5): does a model fit, how many GPUs, how fast. Pure.
+"""The capacity model (DESIGN §5): whether a model fits, on how many GPUs, and how fast. Pure.
 
-Weights = parameters × bytes per parameter. KV bytes per token = 2 (K and V) × layers ×
-KV heads × head dim × bytes per KV element. A replica on g GPUs of M GiB fits when
-weights + runtime overhead + KV for concurrency × context ≤ g × M × utilisation (vLLM's
-gpu_memory_utilization, 0.9 by default). Decode is memory-bound, so a replica's token rate
-is estimated from memory bandwidth: each decode step reads the weights once and the KV of
-every sequence in the batch.
+Memory. Weights = parameters × bytes per parameter. KV bytes per token = 2 (K and V) ×
+layers × KV heads × head dim × bytes per KV element; when the tensor-parallel size exceeds
+the KV heads, vLLM replicates each KV head so every rank holds one, and the replica stores
+`tp` heads' worth. vLLM takes `gpu_memory_utilization` (0.9) of every GPU and spends it on
+weights, a runtime overhead (CUDA context, activation peak, CUDA graphs; about 1.5 GiB per
+GPU) and the KV cache, so a replica on g GPUs of M GiB holds `concurrency` sequences of
+`context` tokens when
+
+    weights + g × overhead + concurrency × context × KV bytes per token ≤ g × M × 0.9.
+
+Parallelism. vLLM shards attention heads over tensor-parallel (TP) ranks: the attention
+heads must divide by tp, and the KV heads must divide by tp or tp by them. TP stays inside a
+node; when the largest valid TP of one node cannot hold the model, pipeline parallelism (PP)
+spans nodes, one stage per node. A replica pays for whole nodes; when its TP is smaller than
+the node, the node runs `gpus_per_node // tp` engines side by side (vLLM's data parallelism),
+so no GPU that is paid for sits idle.
+
+Speed. Decode is memory-bound: every step reads the active weights once and the KV cache of
+every sequence in the batch (on average half the context is filled), so one engine makes
+
+    tokens/s = batch / (bytes read per step / effective bandwidth),
+    effective bandwidth = tp × pp × bandwidth × efficiency(gpu)
+                          × (1 − tp_loss × log2 tp) × (1 − pp_loss × (pp − 1)),
+
+where efficiency is the share of peak HBM bandwidth decode kernels reach and the losses are
+the all-reduce per layer (TP) and pipeline bubbles (PP). `ThroughputProfile` holds these
+numbers and takes measured figures that override the formula, so an operator who has
+benchmarked a model on a GPU type can put the measurement in.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 GIB = 1024**3
-DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+DTYPE_BYTES: Mapping[str, float] = {
+    "float32": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0,
+    "fp8": 1.0, "float8": 1.0, "int8": 1.0, "int4": 0.5, "awq": 0.5, "gptq": 0.5,
+}
 GPU_MEMORY_UTILIZATION = 0.9
-# CUDA context, activations and the sampler: about this much per GPU in practice.
 RUNTIME_OVERHEAD_GIB_PER_GPU = 1.5
-TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16)
-# Share of peak memory bandwidth decode kernels reach, and the loss per extra TP rank
-# (all-reduce per layer).
-BANDWIDTH_EFFICIENCY = 0.6
-TP_SCALING_LOSS = 0.06
+# Beyond four nodes per replica, cross-node pipelines are slower than buying a bigger GPU.
 MAX_PIPELINE_NODES = 4
+DEFAULT_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -35,7 +57,8 @@ class ModelSpec:
     kv_heads: int
     head_dim: int
     dtype: str = "bfloat16"
-    active_parameters_b: float | None = None
+    active_parameters_b: float | None = None  # mixture-of-experts: parameters read per token
+    kv_dtype: str | None = None  # None: the same as the weights
 
 
 @dataclass(frozen=True)
@@ -50,81 +73,159 @@ class ReplicaShape:
     """How one replica of a model runs on an offer's nodes."""
 
     tensor_parallel: int
-    pipeline_parallel: int  # = nodes
-    gpus: int
-    max_concurrency: int
-    tokens_per_s: float
+    pipeline_parallel: int
+    data_parallel: int  # engines per replica (whole node, TP smaller than the node)
+    nodes: int
+    gpus: int  # every GPU of the replica's nodes: what it pays for and counts against quota
+    max_concurrency: int  # sequences of the target context the replica holds, all engines
+    tokens_per_s: float  # decode throughput of the replica, all engines
+
+
+def bytes_per_element(dtype: str) -> float:
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        known = ", ".join(sorted(DTYPE_BYTES))
+        raise ValueError(f"unknown dtype {dtype!r}; known: {known}") from None
 
 
 def weight_bytes(model: ModelSpec) -> float:
-    return model.parameters_b * 1e9 * DTYPE_BYTES[model.dtype]
+    return model.parameters_b * 1e9 * bytes_per_element(model.dtype)
 
 
-def kv_bytes_per_token(model: ModelSpec, kv_dtype_bytes: float = 2.0) -> float:
-    return 2 * model.layers * model.kv_heads * model.head_dim * kv_dtype_bytes
+def kv_bytes_per_token(model: ModelSpec, tensor_parallel: int = 1) -> float:
+    heads = max(model.kv_heads, tensor_parallel)
+    return 2 * model.layers * heads * model.head_dim * bytes_per_element(
+        model.kv_dtype or model.dtype)
 
 
-def usable_bytes(gpu: GpuSpec, gpus: int, utilisation: float = GPU_MEMORY_UTILIZATION) -> float:
-    return gpus * (gpu.memory_gib * utilisation - RUNTIME_OVERHEAD_GIB_PER_GPU) * GIB
+def usable_bytes(gpu: GpuSpec, gpus: int, utilisation: float = GPU_MEMORY_UTILIZATION,
+                 overhead_gib_per_gpu: float = RUNTIME_OVERHEAD_GIB_PER_GPU) -> float:
+    """Bytes vLLM may give to weights and KV cache on `gpus` GPUs."""
+    return gpus * (gpu.memory_gib * utilisation - overhead_gib_per_gpu) * GIB
 
 
-def max_concurrency(model: ModelSpec, gpu: GpuSpec, gpus: int, context: int) -> int:
-    """Sequences of `context` tokens whose KV fits beside the weights (0: does not fit)."""
-    room = usable_bytes(gpu, gpus) - weight_bytes(model)
-    if room <= 0:
+def max_concurrency(model: ModelSpec, gpu: GpuSpec, gpus: int, context: int, *,
+                    tensor_parallel: int | None = None,
+                    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                    overhead_gib_per_gpu: float = RUNTIME_OVERHEAD_GIB_PER_GPU) -> int:
+    """Sequences of `context` tokens whose KV fits beside the weights (0: it does not fit).
+
+    `tensor_parallel` defaults to `gpus` (one TP group); it matters only when it exceeds
+    the model's KV heads, which vLLM then replicates.
+    """
+    room = (usable_bytes(gpu, gpus, gpu_memory_utilization, overhead_gib_per_gpu)
+            - weight_bytes(model))
+    if room <= 0 or context <= 0:
         return 0
-    return int(room // (kv_bytes_per_token(model) * context))
+    per_sequence = kv_bytes_per_token(model, tensor_parallel or gpus) * context
+    return int(room // per_sequence)
 
 
-def fits(model: ModelSpec, gpu: GpuSpec, gpus: int, concurrency: int, context: int) -> bool:
-    return max_concurrency(model, gpu, gpus, context) >= concurrency
+def fits(model: ModelSpec, gpu: GpuSpec, gpus: int, concurrency: int, context: int, *,
+         tensor_parallel: int | None = None,
+         gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+         overhead_gib_per_gpu: float = RUNTIME_OVERHEAD_GIB_PER_GPU) -> bool:
+    """Whether weights, overhead and KV for `concurrency` × `context` tokens fit `gpus` GPUs."""
+    return max_concurrency(
+        model, gpu, gpus, context, tensor_parallel=tensor_parallel,
+        gpu_memory_utilization=gpu_memory_utilization,
+        overhead_gib_per_gpu=overhead_gib_per_gpu) >= max(concurrency, 1)
 
 
 def valid_tensor_parallel(model: ModelSpec, tp: int) -> bool:
-    """vLLM shards attention heads across TP ranks; KV heads shard or replicate evenly."""
-    return (tp in TENSOR_PARALLEL_SIZES and model.attention_heads % tp == 0
-            and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0))
+    """vLLM's rule: attention heads divide by tp; KV heads divide by tp or tp by them."""
+    if tp < 1 or model.attention_heads % tp:
+        return False
+    return model.kv_heads % tp == 0 or tp % model.kv_heads == 0
+
+
+def tensor_parallel_sizes(model: ModelSpec, max_gpus: int) -> list[int]:
+    """Every valid TP size up to `max_gpus`, smallest first."""
+    return [tp for tp in range(1, max_gpus + 1) if valid_tensor_parallel(model, tp)]
 
 
 def smallest_tensor_parallel(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int,
                              concurrency: int, context: int) -> int | None:
     """The fewest GPUs of one node the model fits on at this concurrency, or None."""
-    for tp in TENSOR_PARALLEL_SIZES:
-        if tp > gpus_per_node:
-            break
-        if valid_tensor_parallel(model, tp) and fits(model, gpu, tp, concurrency, context):
+    for tp in tensor_parallel_sizes(model, gpus_per_node):
+        if fits(model, gpu, tp, concurrency, context, tensor_parallel=tp):
             return tp
     return None
 
 
-def decode_tokens_per_s(model: ModelSpec, gpu: GpuSpec, gpus: int, batch: int,
-                        context: int) -> float:
-    """Memory-bound decode rate of a replica running `batch` sequences of ~`context` tokens."""
-    if batch <= 0:
-        return 0.0
-    params = model.active_parameters_b or model.parameters_b
-    read_per_step = params * 1e9 * DTYPE_BYTES[model.dtype] + batch * context * kv_bytes_per_token(model) / 2
-    efficiency = BANDWIDTH_EFFICIENCY * (1 - TP_SCALING_LOSS * math.log2(max(gpus, 1)))
-    step_s = read_per_step / (gpus * gpu.bandwidth_gbps * 1e9 * efficiency)
-    return batch / step_s
+def parallel_layout(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, concurrency: int,
+                    context: int, max_nodes: int = MAX_PIPELINE_NODES) -> tuple[int, int] | None:
+    """(tp, pp): the smallest TP on one node, else the node's largest TP over pp nodes."""
+    tp = smallest_tensor_parallel(model, gpu, gpus_per_node, concurrency, context)
+    if tp is not None:
+        return tp, 1
+    sizes = tensor_parallel_sizes(model, gpus_per_node)
+    if not sizes:
+        return None
+    tp = sizes[-1]
+    for pp in range(2, min(max_nodes, model.layers) + 1):
+        if fits(model, gpu, tp * pp, concurrency, context, tensor_parallel=tp):
+            return tp, pp
+    return None
+
+
+DEFAULT_BANDWIDTH_EFFICIENCY: Mapping[str, float] = {
+    # Share of peak HBM bandwidth that vLLM's decode kernels sustain at moderate batch;
+    # the large-HBM parts lose more to kernel launch and scheduling overhead per step.
+    "B200": 0.55, "H200": 0.6, "H100": 0.6, "MI300X": 0.5, "A100-80GB": 0.65,
+    "A100": 0.65, "L40S": 0.7, "L4": 0.7, "A10G": 0.7, "A10": 0.7,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class ThroughputProfile:
+    """Tokens/s of one engine of a model on a GPU type: the bandwidth formula, or a measurement.
+
+    `measured` maps (model name, GPU name, tp, pp) to the decode tokens/s one engine
+    sustained at the deployment's batch; such entries replace the formula. Compared and
+    hashed by identity, so one profile object can key caches.
+    """
+
+    bandwidth_efficiency: Mapping[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_BANDWIDTH_EFFICIENCY))
+    default_efficiency: float = 0.6
+    tensor_parallel_loss: float = 0.06  # per doubling of TP
+    pipeline_stage_loss: float = 0.08  # per extra pipeline stage
+    measured: Mapping[tuple[str, str, int, int], float] = field(default_factory=dict)
+
+    def engine_tokens_per_s(self, model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, batch: int,
+                            context: int) -> float:
+        if batch <= 0:
+            return 0.0
+        known = self.measured.get((model.name, gpu.name, tp, pp))
+        if known is not None:
+            return known
+        params = model.active_parameters_b or model.parameters_b
+        read_per_step = (params * 1e9 * bytes_per_element(model.dtype)
+                         + batch * (context / 2) * kv_bytes_per_token(model, tp))
+        efficiency = self.bandwidth_efficiency.get(gpu.name, self.default_efficiency)
+        scale = ((1 - self.tensor_parallel_loss * math.log2(tp))
+                 * (1 - self.pipeline_stage_loss * (pp - 1)))
+        bandwidth = tp * pp * gpu.bandwidth_gbps * 1e9 * efficiency * max(scale, 0.05)
+        return batch * bandwidth / read_per_step
+
+
+DEFAULT_PROFILE = ThroughputProfile()
 
 
 def replica_shape(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, context: int,
-                  batch: int = 32) -> ReplicaShape | None:
-    """Smallest single-node TP that fits `batch` sequences, else pipeline over nodes."""
-    tp = smallest_tensor_parallel(model, gpu, gpus_per_node, batch, context)
-    nodes = 1
-    if tp is None:
-        tp = max((t for t in TENSOR_PARALLEL_SIZES if t <= gpus_per_node
-                  and valid_tensor_parallel(model, t)), default=None)
-        if tp is None:
-            return None
-        for nodes in range(2, MAX_PIPELINE_NODES + 1):
-            if fits(model, gpu, tp * nodes, batch, context):
-                break
-        else:
-            return None
-    gpus = tp * nodes
-    concurrency = max_concurrency(model, gpu, gpus, context)
-    rate = decode_tokens_per_s(model, gpu, gpus, min(batch, concurrency), context)
-    return ReplicaShape(tp, nodes, gpus, concurrency, rate)
+                  batch: int = DEFAULT_BATCH,
+                  profile: ThroughputProfile = DEFAULT_PROFILE) -> ReplicaShape | None:
+    """How a replica runs on nodes of `gpus_per_node` GPUs holding `batch` sequences of
+    `context` tokens per engine, or None when it fits on no more than MAX_PIPELINE_NODES."""
+    layout = parallel_layout(model, gpu, gpus_per_node, batch, context)
+    if layout is None:
+        return None
+    tp, pp = layout
+    engines = gpus_per_node // tp if pp == 1 else 1
+    per_engine = max_concurrency(model, gpu, tp * pp, context, tensor_parallel=tp)
+    rate = profile.engine_tokens_per_s(model, gpu, tp, pp, min(batch, per_engine), context)
+    return ReplicaShape(tensor_parallel=tp, pipeline_parallel=pp, data_parallel=engines,
+                        nodes=pp, gpus=pp * gpus_per_node, max_concurrency=per_engine * engines,
+                        tokens_per_s=rate * engines)

@@ -1,98 +1,280 @@
-"""Says, in words an operator can act on, why no plan exists. Pure.
+"""Why a plan is what it is, or why there is none, in words an operator can act on.
 
-`precheck` catches what makes one deployment impossible on its own (no allowed offer, too
-few regions for its spread, not enough quota in its allowed pools); `explain_infeasible`
-looks for quota that deployments fit alone but not together.
+Infeasibility is explained in three steps, cheapest first:
+
+1. Static checks per deployment (`precheck`): contradictory settings, no offer left after
+   the residency, latency and fit filters (naming the filter that emptied the list), too
+   few regions or clouds for the spread, demand beyond max_replicas of the fastest option.
+2. Quota (`infeasible`): the problem is solved again with every quota pool elastic: GPUs
+   over quota are allowed at a price far above any plan, so the solver uses what quota
+   there is and exceeds it by as little as possible. The pools it exceeds are the binding
+   quota, worded as "EU has 4 H100 left under quota; deployment X needs 8".
+3. Other rule groups: with quota ignored, each group (spread, spot share, replica bounds,
+   demand) is relaxed in turn for each deployment; the groups whose relaxation alone yields
+   a plan are named.
+
+The solving is done by a callback (`Feasibility`) so this module stays free of the model.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controlplane.placement.solver import Candidate, DeploymentRequest, PlacementProblem
+    from controlplane.placement.solver import (
+        Candidate,
+        CandidateIndex,
+        DeploymentRequest,
+        OfferOption,
+        PlacementProblem,
+        _Block,
+    )
+
+Pool = tuple[str, str]
 
 
-def _min_gpus(d: DeploymentRequest, cands: list[Candidate]) -> tuple[int, str]:
-    """The fewest GPUs that meet the demand and minimum on the cheapest-in-GPUs option."""
-    best = None
-    for c in cands:
-        replicas = max(d.min_replicas, math.ceil(d.tokens_per_s * d.headroom / c.shape.tokens_per_s)
-                       if d.tokens_per_s > 0 else 0, 1 if d.min_replicas else 0)
-        gpus = replicas * c.gpus
-        if best is None or gpus < best[0]:
-            best = (gpus, c.offer.gpu.name)
-    return best or (0, "")
+@dataclass(frozen=True)
+class Diagnosis:
+    """A relaxed problem's plan (per deployment: option → replicas) and GPUs over quota."""
+
+    plans: Mapping[int, Mapping[Candidate, int]]
+    short: Mapping[Pool, int]
 
 
-def precheck(problem: PlacementProblem, cands: list[Candidate]) -> list[str]:
-    by_dep: dict[int, list[Candidate]] = defaultdict(list)
-    for c in cands:
-        by_dep[c.deployment.id].append(c)
+# ids of the deployments to solve together, constraint groups to relax → a plan, or None.
+Feasibility = Callable[[Sequence[int], frozenset[str]], Diagnosis | None]
+
+RELAXABLE = (
+    ("spread_regions", "its spread over {d.spread_regions} regions"),
+    ("spread_clouds", "its spread over {d.spread_clouds} clouds"),
+    ("spot", "its spot share of at most {d.max_spot_fraction:.0%}"),
+    ("max_replicas", "its max_replicas of {d.max_replicas}"),
+    ("min_replicas", "its min_replicas of {d.min_replicas}"),
+    ("demand", "its demand of {d.tokens_per_s:,.0f} tok/s"),
+)
+
+
+def _solver():  # type: ignore[no-untyped-def]
+    # Imported late: the solver imports this module.
+    from controlplane.placement import solver
+    return solver
+
+
+def _where(d: DeploymentRequest) -> str:
+    where = ", ".join(sorted(d.allowed_jurisdictions)) or "no jurisdiction"
+    if d.allowed_regions:
+        where += f" (regions {', '.join(sorted(d.allowed_regions))})"
+    return where
+
+
+def _names(names: Sequence[str]) -> str:
+    names = sorted(names)
+    if len(names) == 1:
+        return f"deployment {names[0]} needs"
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return f"deployments {shown} need"
+
+
+def why_not_an_option(d: DeploymentRequest, o: OfferOption | None, spot: bool,
+                      index: CandidateIndex) -> str | None:
+    """Why replicas on `o` may not stay (None: they may)."""
+    s = _solver()
+    if o is None:
+        return "the offer is no longer listed (withdrawn, or its region or cloud disabled)"
+    if not s.offer_allowed(d, o):
+        if o.jurisdiction not in d.allowed_jurisdictions:
+            return (f"{o.region} is in {o.jurisdiction}, outside the jurisdictions "
+                    f"{d.name} allows ({_where(d)})")
+        return f"{o.region} is not among the regions {d.name} allows"
+    rtt, budget = index.rtt(d, o), s.network_budget_ms(d)
+    if rtt > budget:
+        return (f"{o.region} is {rtt:.0f} ms round trip from its users; its TTFT SLO of "
+                f"{d.ttft_slo_ms:.0f} ms leaves {budget:.0f} ms for the network")
+    if index.shape(d, o) is None:
+        return (f"{d.model.name} at {d.context:,} tokens × {d.batch} sequences does not fit "
+                f"{o.gpus_per_node}× {o.gpu.name} nodes")
+    if spot and (o.spot_usd_h is None or d.max_spot_fraction <= 0):
+        return ("no spot market there any more" if o.spot_usd_h is None
+                else f"{d.name} no longer allows spot replicas")
+    return None
+
+
+def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: CandidateIndex) -> str:
+    """Which filter left `d` without a single option."""
+    s = _solver()
+    allowed = [o for o in problem.offers if s.offer_allowed(d, o)]
+    if not allowed:
+        return f"{d.name}: no offer in {_where(d)}, the only places its data may go"
+    budget = s.network_budget_ms(d)
+    near = [o for o in allowed if index.rtt(d, o) <= budget]
+    if not near:
+        nearest = min(allowed, key=lambda o: index.rtt(d, o))
+        return (f"{d.name}: no offer in {_where(d)} is within {budget:.0f} ms round trip of "
+                f"its users (half its TTFT SLO of {d.ttft_slo_ms:.0f} ms); the nearest, "
+                f"{nearest.region}, is {index.rtt(d, nearest):.0f} ms away")
+    biggest = max(near, key=lambda o: o.gpu.memory_gib * o.gpus_per_node)
+    return (f"{d.name}: {d.model.name} at {d.context:,} tokens × {d.batch} sequences fits no "
+            f"offer in {_where(d)} near its users (the largest is {biggest.gpus_per_node}× "
+            f"{biggest.gpu.name} per node, pipelined over at most four nodes)")
+
+
+def precheck(problem: PlacementProblem, blocks: Mapping[int, _Block],
+             index: CandidateIndex) -> list[str]:
+    """What makes a deployment impossible on its own, seen without solving."""
     reasons = []
     for d in problem.deployments:
-        mine = by_dep.get(d.id, [])
-        where = ", ".join(sorted(d.allowed_jurisdictions)) or "no jurisdiction"
         if d.min_replicas > d.max_replicas:
             reasons.append(f"{d.name}: min_replicas {d.min_replicas} exceeds max_replicas "
                            f"{d.max_replicas}")
             continue
-        if not mine:
-            if d.min_replicas > 0 or d.tokens_per_s > 0:
-                reasons.append(
-                    f"{d.name}: no offer in {where} fits {d.model.name} at {d.context:,} tokens of "
-                    f"context within {d.ttft_slo_ms / 2:.0f} ms round trip of its users")
+        if not 0 <= d.max_spot_fraction <= 1:
+            reasons.append(f"{d.name}: max_spot_fraction {d.max_spot_fraction} is not "
+                           "between 0 and 1")
             continue
-        if d.min_replicas == 0 and d.tokens_per_s <= 0:
-            continue  # may scale to zero: nothing to place, nothing to spread
-        regions = {c.offer.region for c in mine}
-        if len(regions) < d.spread_regions:
-            reasons.append(f"{d.name}: needs {d.spread_regions} regions but only {len(regions)} "
-                           f"in {where} have a fitting offer ({', '.join(sorted(regions))})")
-        clouds = {c.offer.cloud for c in mine}
-        if len(clouds) < d.spread_clouds:
-            reasons.append(f"{d.name}: needs {d.spread_clouds} clouds but only {len(clouds)} "
-                           f"qualify ({', '.join(sorted(clouds))})")
-        if d.spread_regions > d.max_replicas:
-            reasons.append(f"{d.name}: spread over {d.spread_regions} regions needs more than "
-                           f"max_replicas {d.max_replicas}")
-        best_rate = max(c.shape.tokens_per_s for c in mine)
-        if d.tokens_per_s * d.headroom > best_rate * d.max_replicas:
+        if not d.must_run:
+            continue
+        cands = blocks[d.id].cands
+        if not cands:
+            reasons.append(_no_option(d, problem, index))
+            continue
+        for attr, k, noun in (("region", d.spread_regions, "regions"),
+                              ("cloud", d.spread_clouds, "clouds")):
+            have = sorted({getattr(c.offer, attr) for c in cands})
+            if len(have) < k:
+                reasons.append(f"{d.name}: needs {k} {noun} but only {len(have)} in "
+                               f"{_where(d)} have an offer that fits near its users "
+                               f"({', '.join(have)})")
+        spread = max(d.spread_regions, d.spread_clouds)
+        if spread > d.max_replicas:
+            reasons.append(f"{d.name}: spreading over {spread} places needs {spread} "
+                           f"replicas but max_replicas is {d.max_replicas}")
+        fastest = max(cands, key=lambda c: c.rate)
+        if d.required_tokens_per_s > fastest.rate * d.max_replicas:
             reasons.append(
-                f"{d.name}: {d.tokens_per_s * d.headroom:,.0f} tok/s (with headroom) needs more than "
-                f"max_replicas {d.max_replicas} × {best_rate:,.0f} tok/s of the fastest allowed offer")
-        needed, gpu = _min_gpus(d, mine)
-        pools = {(c.offer.region, c.offer.gpu.name) for c in mine}
-        available = sum(problem.quota_gpus.get(p, 10**9) for p in pools)
-        if needed > available:
-            reasons.append(f"{where} has {available} GPUs left under quota across the offers "
-                           f"{d.name} may use; it needs at least {needed} {gpu}")
+                f"{d.name}: {d.required_tokens_per_s:,.0f} tok/s (demand × headroom "
+                f"{d.headroom:g}) is more than max_replicas {d.max_replicas} × "
+                f"{fastest.rate:,.0f} tok/s of its fastest option ({fastest.offer.gpu.name} "
+                f"in {fastest.offer.region})")
     return reasons
 
 
-def explain_infeasible(problem: PlacementProblem, cands: list[Candidate]) -> list[str]:
-    """Deployments that fit alone but not together: name the shared quota that binds."""
-    needs: dict[tuple[str, ...], list[tuple[str, int, str]]] = defaultdict(list)
-    pools_of: dict[tuple[str, ...], set[tuple[str, str]]] = defaultdict(set)
-    by_dep: dict[int, list[Candidate]] = defaultdict(list)
-    for c in cands:
-        by_dep[c.deployment.id].append(c)
-    for d in problem.deployments:
-        key = tuple(sorted(d.allowed_jurisdictions))
-        needed, gpu = _min_gpus(d, by_dep.get(d.id, []))
-        needs[key].append((d.name, needed, gpu))
-        pools_of[key] |= {(c.offer.region, c.offer.gpu.name) for c in by_dep.get(d.id, [])}
+def infeasible(problem: PlacementProblem, blocks: Mapping[int, _Block], ids: Sequence[int],
+               run: Feasibility) -> list[str]:
+    """Why the deployments `ids` have no plan together (each was checked statically)."""
+    diagnosis = run(ids, frozenset({"quota_elastic"}))
+    if diagnosis is not None and diagnosis.short:
+        return _quota_words(problem, blocks, diagnosis)
     reasons = []
-    for key, entries in needs.items():
-        available = sum(problem.quota_gpus.get(p, 10**9) for p in pools_of[key])
-        total = sum(n for _, n, _ in entries)
-        if total > available:
-            gpus = ", ".join(sorted({g for _, _, g in entries if g}))
-            names = ", ".join(name for name, _, _ in entries)
-            reasons.append(f"{'/'.join(key)} has {available} GPUs ({gpus}) left under quota; "
-                           f"deployments {names} need at least {total} together")
-    return reasons or ["no plan satisfies every deployment's spread, spot and quota rules "
-                       "together; relax one deployment's spread or max_spot_fraction, or raise "
-                       "quota"]
+    names = {d.id: d for d in problem.deployments}
+    for i in ids:
+        d = names[i]
+        if run([i], frozenset({"quota"})) is not None:
+            continue
+        helps = [words.format(d=d) for group, words in RELAXABLE
+                 if run([i], frozenset({"quota", group})) is not None]
+        if helps:
+            reasons.append(f"{d.name}: no plan meets all its rules at once; relaxing "
+                           f"{' or '.join(helps)} would give one")
+        else:
+            reasons.append(f"{d.name}: no plan meets its replica bounds, demand, spread and "
+                           "spot share together, even ignoring quota")
+    return reasons or ["no plan satisfies every deployment's rules together within quota"]
+
+
+def _quota_words(problem: PlacementProblem, blocks: Mapping[int, _Block],
+                 diagnosis: Diagnosis) -> list[str]:
+    quota = problem.quota
+    jurisdiction = {o.pool: o.jurisdiction for o in problem.offers}
+    usable: dict[tuple[str, str], set[Pool]] = defaultdict(set)  # (jurisdiction, gpu) → pools
+    for i in diagnosis.plans:
+        for c in blocks[i].cands:
+            usable[(c.offer.jurisdiction, c.offer.gpu.name)].add(c.pool)
+    used: dict[Pool, int] = defaultdict(int)
+    users: dict[Pool, set[str]] = defaultdict(set)
+    names = {d.id: d.name for d in problem.deployments}
+    for i, plan in diagnosis.plans.items():
+        for c, n in plan.items():
+            used[c.pool] += c.gpus * n
+            users[c.pool].add(names[i])
+    short_groups: dict[tuple[str, str], list[Pool]] = defaultdict(list)
+    for pool in diagnosis.short:
+        short_groups[(jurisdiction.get(pool, "?"), pool[1])].append(pool)
+    reasons = []
+    for (where, gpu), short_pools in sorted(short_groups.items()):
+        pools = sorted(usable[(where, gpu)] & set(quota))
+        short = sum(diagnosis.short[p] for p in short_pools)
+        who = set().union(*(users[p] for p in short_pools))
+        if all(used[p] >= quota[p] for p in pools):
+            left = sum(quota[p] for p in pools)
+            reasons.append(f"{where} has {left} {gpu} left under quota; {_names(list(who))} "
+                           f"{left + short}")
+        else:  # other rules keep them off part of the jurisdiction's quota: name the pools
+            for p in sorted(short_pools):
+                reasons.append(f"{p[0]} has {quota[p]} {gpu} left under quota; "
+                               f"{_names(list(users[p]))} {quota[p] + diagnosis.short[p]} "
+                               f"there")
+    return [r + " (raise the quota, or allow more regions or GPU types)" for r in reasons]
+
+
+# -- reasons for changes ----------------------------------------------------------------------
+
+def describe_option(c: Candidate) -> str:
+    s = c.shape
+    layout = f"tp {s.tensor_parallel}"
+    if s.pipeline_parallel > 1:
+        layout += f", pp {s.pipeline_parallel} over {s.nodes} nodes"
+    if s.data_parallel > 1:
+        layout += f", {s.data_parallel} engines"
+    market = "spot" if c.spot else "on demand"
+    return f"{c.offer.gpu.name}×{c.offer.gpus_per_node} {market} ({layout})"
+
+
+def add_reason(d: DeploymentRequest, c: Candidate, count: int, best: Candidate,
+               plan: Mapping[Candidate, int], used: Mapping[Pool, int],
+               quota: Mapping[Pool, int], index: CandidateIndex) -> str:
+    """Why `count` more replicas of `d` go on option `c` (`best`: its cheapest option per
+    token): the facts, then the choice."""
+    o = c.offer
+    facts = (f"{count} × {describe_option(c)} in {o.region} ({o.jurisdiction}, allowed for "
+             f"{d.name}) at ${c.usd_h:.2f}/h each, ~{c.rate:,.0f} tok/s "
+             f"(${c.usd_per_mtok:.3f}/M tokens), {index.rtt(d, o):.0f} ms from its users")
+    if c.usd_per_mtok <= best.usd_per_mtok + 1e-12:
+        return f"{facts}: the cheapest allowed option per token"
+    why = []
+    if best.pool in quota and used.get(best.pool, 0) + best.gpus > quota[best.pool]:
+        why.append(f"the cheaper {best.offer.gpu.name} in {best.offer.region} is at its quota")
+    regions = {a.offer.region for a in plan}
+    if d.spread_regions > 1 and len(regions) <= d.spread_regions:
+        why.append(f"it spreads {d.name} over {d.spread_regions} regions")
+    clouds = {a.offer.cloud for a in plan}
+    if d.spread_clouds > 1 and len(clouds) <= d.spread_clouds:
+        why.append(f"it spreads {d.name} over {d.spread_clouds} clouds")
+    spot = sum(n for a, n in plan.items() if a.spot)
+    total = sum(plan.values())
+    if best.spot and (spot + 1) > d.max_spot_fraction * (total + 1):
+        why.append(f"spot is at its {d.max_spot_fraction:.0%} share")
+    if not why and c.usd_h < best.usd_h:
+        why.append(f"a smaller replica tops up demand for less than another "
+                   f"{best.offer.gpu.name}×{best.offer.gpus_per_node} at ${best.usd_h:.2f}/h")
+    if not why:
+        why.append("the cheapest mix of whole replicas that meets demand and the minimum")
+    return f"{facts}: {'; '.join(why)}"
+
+
+def remove_reason(d: DeploymentRequest, where: str, count: int, before: int, after: int,
+                  saving_usd_h: float, move_penalty_usd_h: float) -> str:
+    """Why `count` replicas of `d` leave `where`, when no rule forces it."""
+    if after < before and saving_usd_h > 0 and after == max(d.min_replicas, 0) \
+            and d.tokens_per_s <= 0:
+        return (f"{count} × in {where}: min_replicas {d.min_replicas} and no demand need "
+                f"{after} replicas, not {before}")
+    if after < before:
+        return (f"{count} × in {where}: demand of {d.tokens_per_s:,.0f} tok/s (× "
+                f"{d.headroom:g} headroom) and min_replicas {d.min_replicas} need {after} "
+                f"replicas, not {before}; saves ${saving_usd_h:.2f}/h")
+    return (f"{count} × in {where}: moving to cheaper allowed options saves "
+            f"${saving_usd_h:.2f}/h, more than the ${move_penalty_usd_h:.2f}/h move penalty "
+            "per moved replica")

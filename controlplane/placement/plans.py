@@ -107,9 +107,7 @@ def advance(plan_id: int) -> str:
 
 
 def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
-    from controlplane.api.deployment_actions import DRAIN_DEADLINE_S
-    from controlplane.provisioning.services import drain
-    from controlplane.provisioning.tasks import terminate_replica
+    from controlplane.deployments.scaling import retire_replica
 
     candidates = Replica.objects.filter(
         deployment=change.deployment, region=change.region, state__in=LIVE_STATES,
@@ -120,9 +118,5 @@ def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
     chosen = list(candidates.order_by("created_at")[: change.count])
     reason = f"plan {plan.pk}: {change.reason}"
     for replica in chosen:
-        if replica.state in SERVING_STATES:
-            drain(replica.pk, actor="system:placement", reason=reason)
-        transaction.on_commit(
-            lambda pk=replica.pk: terminate_replica.apply_async((pk, reason),
-                                                                countdown=DRAIN_DEADLINE_S))
+        retire_replica(replica, actor="system:placement", reason=reason)
     return [r.pk for r in chosen]
