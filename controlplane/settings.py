@@ -46,6 +46,9 @@ INSTALLED_APPS = [
     "controlplane.provisioning",
     "controlplane.routing",
     "controlplane.telemetry",
+    "controlplane.failover",
+    "controlplane.costs",
+    "controlplane.alerts",
     "controlplane.api",
     "frontend",
 ]

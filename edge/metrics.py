@@ -145,7 +145,8 @@ class EdgeMetrics:
             "the client.", ("model",)))
         self.tokens = r.add(Counter(
             "meridian_edge_tokens_total", "Tokens as reported by engines (estimated for "
-            "streams without usage).", ("model", "tenant", "kind")))
+            "streams without usage), by model, replica region and tenant.",
+            ("model", "region", "tenant", "kind")))
         self.overhead = r.add(Histogram(
             "meridian_edge_added_latency_seconds", "Time the edge itself spent on a request: "
             "arrival to upstream send, plus upstream response head to client write."))

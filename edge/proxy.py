@@ -704,8 +704,8 @@ class ClientApi:
             metrics.ttft.observe((model,), ttft)
             metrics.overhead.observe((), exchange.overhead_s)
         if exchange.prompt_tokens or exchange.completion_tokens:
-            metrics.tokens.inc((model, tenant, "prompt"), exchange.prompt_tokens)
-            metrics.tokens.inc((model, tenant, "completion"), exchange.completion_tokens)
+            metrics.tokens.inc((model, region, tenant, "prompt"), exchange.prompt_tokens)
+            metrics.tokens.inc((model, region, tenant, "completion"), exchange.completion_tokens)
             if tenant_rules is not None and tenant_rules.tpm > 0:
                 edge.limiter.settle(tenant, exchange.charged_tokens,
                                     exchange.prompt_tokens + exchange.completion_tokens,

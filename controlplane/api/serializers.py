@@ -249,7 +249,8 @@ class DeploymentSerializer(_TenantOwned):
             "min_replicas", "max_replicas", "spread_regions", "max_spot_fraction",
             "demand_tokens_per_s", "tensor_parallel", "pipeline_parallel", "max_model_len",
             "enable_prefix_caching", "disaggregated_prefill", "auto_apply_plans",
-            "replicas_ready", "created_at", "updated_at",
+            "autoscale", "target_inflight_per_replica", "warm_pool", "scale_up_cooldown_s",
+            "scale_down_cooldown_s", "replicas_ready", "created_at", "updated_at",
         ]
         read_only_fields = ["created_at", "updated_at"]
 

@@ -84,6 +84,15 @@ class Deployment(models.Model):
     enable_prefix_caching = models.BooleanField(default=True)
     disaggregated_prefill = models.BooleanField(default=False)
     auto_apply_plans = models.BooleanField(default=False)
+    autoscale = models.BooleanField(
+        default=True, help_text="Let the autoscaler move the replica count within its bounds.")
+    target_inflight_per_replica = models.PositiveIntegerField(
+        default=24, validators=[MinValueValidator(1)],
+        help_text="Running + waiting requests per replica the autoscaler aims for.")
+    warm_pool = models.PositiveSmallIntegerField(
+        default=0, help_text="Idle replicas kept ready beyond demand (interactive tier).")
+    scale_up_cooldown_s = models.PositiveIntegerField(default=30)
+    scale_down_cooldown_s = models.PositiveIntegerField(default=300)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

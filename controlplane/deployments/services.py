@@ -17,12 +17,12 @@ TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16)
 _FIELDS = (
     "model", "tenant", "allowed_jurisdictions", "user_regions", "min_replicas", "max_replicas",
     "tensor_parallel", "pipeline_parallel", "max_model_len", "spread_regions",
-    "max_spot_fraction",
+    "max_spot_fraction", "warm_pool",
 )
 _DEFAULTS: dict[str, Any] = {
     "min_replicas": 1, "max_replicas": 4, "tensor_parallel": 1, "pipeline_parallel": 1,
     "max_model_len": 8192, "spread_regions": 1, "max_spot_fraction": 0.0,
-    "allowed_jurisdictions": [], "user_regions": [], "tenant": None,
+    "allowed_jurisdictions": [], "user_regions": [], "tenant": None, "warm_pool": 0,
 }
 
 
@@ -68,6 +68,12 @@ def deployment_errors(fields: dict[str, Any]) -> dict[str, str]:
         errors["spread_regions"] = (
             f"spread_regions ({spread}) cannot exceed max_replicas ({high}): "
             "each region needs at least one replica."
+        )
+    warm = fields["warm_pool"]
+    if warm and high is not None and warm >= high:
+        errors["warm_pool"] = (
+            f"warm_pool ({warm}) must be below max_replicas ({high}): idle replicas are kept "
+            "beside the ones that serve demand."
         )
     if model is not None:
         tp_error = tensor_parallel_error(model, fields["tensor_parallel"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ from django.utils import timezone
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.telemetry.edge_metrics import counter_delta, parse_edge_metrics
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
-from controlplane.telemetry.models import ReplicaSample
+from controlplane.telemetry.models import EdgeSample, ReplicaSample
 from controlplane.telemetry.sources import PrometheusSource, ReplicaStats, scrape_all
 
 RETENTION = timedelta(hours=6)
@@ -46,6 +48,53 @@ def collect(now: Any = None) -> int:
     ReplicaSample.objects.bulk_create(samples)
     ReplicaSample.objects.filter(at__lt=now - RETENTION).delete()
     return sum(1 for s in samples if s.up)
+
+
+@dataclass(frozen=True)
+class EdgeDelta:
+    """What one edge counted between its previous scrape and this one."""
+
+    edge_id: int
+    since: Any  # datetime of the previous sample
+    at: Any
+    requests: dict[str, float]
+    tokens: dict[str, float]
+
+
+def collect_edges(now: Any = None) -> list[EdgeDelta]:
+    """Scrape every enabled edge's /metrics once, store a sample each, and return what each
+    counted since its previous sample (a counter that went down restarted from zero)."""
+    from controlplane.routing.models import Edge
+
+    now = now or timezone.now()
+    edges = dict(Edge.objects.filter(enabled=True).values_list("pk", "admin_url"))
+    results = scrape_all({str(pk): url for pk, url in edges.items()}, parse=parse_edge_metrics)
+    previous = {s.edge_id: s for s in _latest_edge_samples(list(edges))}
+    samples, deltas = [], []
+    for key, scrape in results.items():
+        snap = scrape.snapshot
+        sample = EdgeSample(
+            edge_id=int(key), at=now, up=snap is not None, error=scrape.error,
+            table_version=snap.table_version if snap else None,
+            requests=snap.requests if snap else {}, tokens=snap.tokens if snap else {},
+            buckets=snap.buckets if snap else {})
+        samples.append(sample)
+        before = previous.get(sample.edge_id)
+        if snap is not None and before is not None and before.up:
+            deltas.append(EdgeDelta(sample.edge_id, before.at, now,
+                                    counter_delta(snap.requests, before.requests),
+                                    counter_delta(snap.tokens, before.tokens)))
+    EdgeSample.objects.bulk_create(samples)
+    EdgeSample.objects.filter(at__lt=now - RETENTION).delete()
+    return deltas
+
+
+def _latest_edge_samples(edge_ids: list[int]) -> list[EdgeSample]:
+    newest = (EdgeSample.objects.filter(edge_id=OuterRef("edge_id")).order_by("-at")
+              .values("pk")[:1])
+    return list(EdgeSample.objects.filter(pk__in=Subquery(
+        EdgeSample.objects.filter(edge_id__in=edge_ids).order_by().values("edge_id")
+        .annotate(newest=Subquery(newest)).values("newest"))))
 
 
 def stats_between(newer: ReplicaSample, older: ReplicaSample | None) -> ReplicaStats:

@@ -7,13 +7,13 @@ throughput — as ReplicaStats, so health, autoscaling and the dashboard do not 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
-from controlplane.telemetry.engine_metrics import EngineSnapshot, parse_engine_metrics
+from controlplane.telemetry.engine_metrics import parse_engine_metrics
 
 
 @dataclass(frozen=True)
@@ -37,32 +37,39 @@ class MetricsSource(Protocol):
 
 @dataclass(frozen=True)
 class Scrape:
-    snapshot: EngineSnapshot | None
+    snapshot: Any  # EngineSnapshot for replicas, EdgeSnapshot for edges; None when down
     error: str = ""
 
 
-async def _scrape_one(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Scrape:
+Parser = Callable[[str], Any]
+
+
+async def _scrape_one(session: aiohttp.ClientSession, url: str, timeout_s: float,
+                      parse: Parser) -> Scrape:
     try:
         async with session.get(url.rstrip("/") + "/metrics",
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             if response.status != 200:
                 return Scrape(None, f"/metrics answered {response.status}")
-            return Scrape(parse_engine_metrics(await response.text()))
+            return Scrape(parse(await response.text()))
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         return Scrape(None, f"{type(exc).__name__}: {exc}"[:300])
 
 
-async def scrape_all_async(targets: Mapping[str, str], timeout_s: float = 2.0) -> dict[str, Scrape]:
+async def scrape_all_async(targets: Mapping[str, str], timeout_s: float = 2.0,
+                           parse: Parser = parse_engine_metrics) -> dict[str, Scrape]:
     async with aiohttp.ClientSession() as session:
         ids = list(targets)
-        results = await asyncio.gather(*(_scrape_one(session, targets[i], timeout_s) for i in ids))
+        results = await asyncio.gather(
+            *(_scrape_one(session, targets[i], timeout_s, parse) for i in ids))
     return dict(zip(ids, results, strict=True))
 
 
-def scrape_all(targets: Mapping[str, str], timeout_s: float = 2.0) -> dict[str, Scrape]:
+def scrape_all(targets: Mapping[str, str], timeout_s: float = 2.0,
+               parse: Parser = parse_engine_metrics) -> dict[str, Scrape]:
     if not targets:
         return {}
-    return asyncio.run(scrape_all_async(targets, timeout_s))
+    return asyncio.run(scrape_all_async(targets, timeout_s, parse))
 
 
 class PrometheusSource:

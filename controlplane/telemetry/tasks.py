@@ -14,5 +14,6 @@ def collect() -> dict[str, int]:
         if not acquired:
             return {"skipped": 1}
         up = services.collect()
+        edges = services.collect_edges()
         services.write_prometheus_targets()
-    return {"up": up}
+    return {"up": up, "edges": len(edges)}

@@ -250,7 +250,9 @@ class TestDeployments(CrudContract):
                 ({**good, "max_model_len": 1_000_000}, "max_model_len"),
                 ({**good, "allowed_jurisdictions": ["ZZ"]}, "allowed_jurisdictions"),
                 ({**good, "tenant": "acme", "allowed_jurisdictions": ["US"]}, "allowed_jurisdictions"),
-                ({**good, "max_spot_fraction": 1.5}, "max_spot_fraction")]
+                ({**good, "max_spot_fraction": 1.5}, "max_spot_fraction"),
+                ({**good, "warm_pool": 3}, "warm_pool"),
+                ({**good, "target_inflight_per_replica": 0}, "target_inflight_per_replica")]
 
     def make_many(self, fx, n):  # type: ignore[no-untyped-def]
         for i in range(n):

@@ -1,0 +1,1 @@
+"""Alerts: rules over the fleet's state, Alert rows with open/resolved times, webhooks."""

@@ -1,0 +1,1 @@
+"""Cost rollups and budgets."""

@@ -1,0 +1,1 @@
+"""Failover: region and replica health, failover and drain, drills, autoscaling decisions."""

@@ -1,0 +1,69 @@
+"""Reads an edge's /metrics text into one snapshot of its counters. Pure.
+
+Counters are keyed by their labels joined with "|" (JSON objects need string keys):
+requests by "model|region|tenant|status", tokens by "model|region|tenant|kind".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REQUEST_LABELS = ("model", "region", "tenant", "status")
+TOKEN_LABELS = ("model", "region", "tenant", "kind")
+HISTOGRAMS = {
+    "meridian_edge_time_to_first_token_seconds_bucket": "ttft",
+    "meridian_edge_inter_token_latency_seconds_bucket": "itl",
+}
+
+
+@dataclass
+class EdgeSnapshot:
+    table_version: int | None = None
+    requests: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def key(labels: Mapping[str, str], names: Iterable[str]) -> str:
+    return "|".join(labels.get(n, "") for n in names)
+
+
+def split_key(joined: str, names: tuple[str, ...]) -> dict[str, str]:
+    parts = joined.split("|")
+    return dict(zip(names, parts + [""] * (len(names) - len(parts)), strict=True))
+
+
+def parse_edge_metrics(text: str) -> EdgeSnapshot:
+    snap = EdgeSnapshot()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name == "meridian_edge_requests_total":
+                k = key(sample.labels, REQUEST_LABELS)
+                snap.requests[k] = snap.requests.get(k, 0.0) + sample.value
+            elif name == "meridian_edge_tokens_total":
+                k = key(sample.labels, TOKEN_LABELS)
+                snap.tokens[k] = snap.tokens.get(k, 0.0) + sample.value
+            elif name == "meridian_edge_table_version":
+                snap.table_version = int(sample.value)
+            elif name in HISTOGRAMS:
+                le = sample.labels.get("le", "+Inf")
+                series = snap.buckets.setdefault(HISTOGRAMS[name], {})
+                series[le] = series.get(le, 0.0) + sample.value
+    return snap
+
+
+def counter_delta(newer: Mapping[str, float], older: Mapping[str, float] | None
+                  ) -> dict[str, float]:
+    """Per key, what a set of counters grew by; a key that shrank restarted from zero."""
+    older = older or {}
+    out = {}
+    for k, value in newer.items():
+        before = older.get(k, 0.0)
+        grown = value - before if value >= before else value
+        if grown > 0:
+            out[k] = grown
+    return out
