@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from controlplane.core.locks import advisory_lock
+from controlplane.costs import services as costs_services
 from controlplane.telemetry import services
 
 
@@ -15,5 +16,6 @@ def collect() -> dict[str, int]:
             return {"skipped": 1}
         up = services.collect()
         edges = services.collect_edges()
+        costs_services.record_usage(edges)
         services.write_prometheus_targets()
     return {"up": up, "edges": len(edges)}
