@@ -12,22 +12,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import (
-    Case,
-    Count,
-    DecimalField,
-    ExpressionWrapper,
-    F,
-    OuterRef,
-    Q,
-    Subquery,
-    Sum,
-    Value,
-    When,
-)
-from django.db.models.functions import Greatest
+from django.db.models import Count, OuterRef, Q, Subquery
 
 from controlplane.core.services import Principal
+from controlplane.costs.services import BILLED_STATES  # noqa: F401 - the pages use it here
+from controlplane.costs.services import billed_usd_h_sql as billed_usd_h
+from controlplane.costs.services import replica_usd_h_sql as replica_usd_h  # noqa: F401
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -35,9 +25,6 @@ from controlplane.routing.models import Edge, RoutingTable
 from frontend.access import scoped
 from regions.models import Region
 
-# A replica costs money from the moment its machine is asked for until it is terminated;
-# a pending one has no machine yet.
-BILLED_STATES = tuple(sorted(LIVE_STATES - {S.PENDING}))
 # Order in which states are listed everywhere: the way a replica moves through them.
 STATE_ORDER = (S.PENDING, S.PROVISIONING, S.STARTING, S.READY, S.DEGRADED, S.DRAINING,
                S.FAILED, S.TERMINATED)
@@ -70,31 +57,6 @@ def region_health(counts: Mapping[str, int]) -> str:
     if counts.get(S.READY, 0) or counts.get(S.DRAINING, 0):
         return HEALTHY
     return STARTING
-
-
-def replica_usd_h(replica: str = "", deployment: str = "deployment__") -> ExpressionWrapper:
-    """SQL for one replica's $/h: its offer's price (spot when spot) × the nodes it runs on.
-
-    `replica` and `deployment` are the lookup paths from the queried model. As provisioning
-    sizes it (spec_for), a replica takes ceil(tp × pp / GPUs per node) nodes, at least one.
-    """
-    price = Case(
-        When(**{f"{replica}spot": True, f"{replica}offer__spot_usd_h__isnull": False},
-             then=F(f"{replica}offer__spot_usd_h")),
-        default=F(f"{replica}offer__on_demand_usd_h"),
-    )
-    gpus = F(f"{replica}offer__gpus_per_node")
-    ranks = F(f"{deployment}tensor_parallel") * F(f"{deployment}pipeline_parallel")
-    # Integer division rounds down, so (a + b - 1) / b is the ceiling of a / b.
-    nodes = Greatest(Value(1), (ranks + gpus - Value(1)) / gpus)
-    return ExpressionWrapper(price * nodes,
-                             output_field=DecimalField(max_digits=14, decimal_places=4))
-
-
-def billed_usd_h(replica: str = "", deployment: str = "deployment__") -> Sum:
-    """Sum of $/h over billed replicas, for aggregates."""
-    return Sum(replica_usd_h(replica, deployment),
-               filter=Q(**{f"{replica}state__in": BILLED_STATES}))
 
 
 def visible_replicas(principal: Principal) -> Any:

@@ -4,6 +4,7 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from controlplane.api import plan_views, routing_views, views
+from controlplane.costs import api as costs_api
 
 router = DefaultRouter()
 router.register("clouds", views.CloudViewSet)
@@ -22,6 +23,9 @@ router.register("edges", routing_views.EdgeViewSet)
 router.register("routing-policy", routing_views.RoutingPolicyViewSet)
 router.register("plans", plan_views.PlanViewSet)
 router.register("operations", views.OperationViewSet)
+router.register("costs", costs_api.CostViewSet, basename="costs")
+router.register("cost-rollups", costs_api.CostRollupViewSet)
+router.register("budgets", costs_api.BudgetViewSet, basename="budgets")
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),

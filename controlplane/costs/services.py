@@ -389,16 +389,16 @@ def summarize(rows: QuerySet[CostRollup], group_by: str) -> list[dict[str, Any]]
         from django.db.models.functions import TruncDay
         rows = rows.annotate(day=TruncDay("hour", tzinfo=UTC))
     grouped = (rows.order_by().values(group_by)
-               .annotate(usd=Sum("usd"), prompt_tokens=Sum("prompt_tokens"),
-                         completion_tokens=Sum("completion_tokens")))
+               .annotate(sum_usd=Sum("usd"), sum_prompt=Sum("prompt_tokens"),
+                         sum_completion=Sum("completion_tokens")))
     out = []
     for row in grouped:
-        tokens = (row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0)
+        prompt, completion = row["sum_prompt"] or 0, row["sum_completion"] or 0
         out.append({
-            "key": row[group_by], "usd": row["usd"] or Decimal(0),
-            "prompt_tokens": row["prompt_tokens"] or 0,
-            "completion_tokens": row["completion_tokens"] or 0, "tokens": tokens,
-            "usd_per_mtok": usd_per_mtok(row["usd"], tokens),
+            "key": row[group_by], "usd": row["sum_usd"] or Decimal(0),
+            "prompt_tokens": prompt, "completion_tokens": completion,
+            "tokens": prompt + completion,
+            "usd_per_mtok": usd_per_mtok(row["sum_usd"], prompt + completion),
         })
     if group_by in ("hour", "day"):
         out.sort(key=lambda r: r["key"])
@@ -408,14 +408,14 @@ def summarize(rows: QuerySet[CostRollup], group_by: str) -> list[dict[str, Any]]
 
 
 def totals(rows: QuerySet[CostRollup]) -> dict[str, Any]:
-    agg = rows.aggregate(usd=Sum("usd"), prompt_tokens=Sum("prompt_tokens"),
-                         completion_tokens=Sum("completion_tokens"),
+    agg = rows.aggregate(sum_usd=Sum("usd"), sum_prompt=Sum("prompt_tokens"),
+                         sum_completion=Sum("completion_tokens"),
                          idle_usd=Sum("usd", filter=Q(tenant="")))
-    tokens = (agg["prompt_tokens"] or 0) + (agg["completion_tokens"] or 0)
-    return {"usd": agg["usd"] or Decimal(0), "idle_usd": agg["idle_usd"] or Decimal(0),
-            "prompt_tokens": agg["prompt_tokens"] or 0,
-            "completion_tokens": agg["completion_tokens"] or 0, "tokens": tokens,
-            "usd_per_mtok": usd_per_mtok(agg["usd"], tokens)}
+    prompt, completion = agg["sum_prompt"] or 0, agg["sum_completion"] or 0
+    return {"usd": agg["sum_usd"] or Decimal(0), "idle_usd": agg["idle_usd"] or Decimal(0),
+            "prompt_tokens": prompt, "completion_tokens": completion,
+            "tokens": prompt + completion,
+            "usd_per_mtok": usd_per_mtok(agg["sum_usd"], prompt + completion)}
 
 
 # -- budgets --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect
 
 from controlplane.core.models import AuditLog, Role
 from controlplane.core.services import Principal
+from controlplane.costs.services import usd_h_for
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES, IllegalTransition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -200,13 +201,11 @@ def _new_replica_offer(deployment: Deployment, region: Region) -> Offer | None:
 
 
 def _added_usd_h(deployment: Deployment, offer: Offer | None, spot: bool, count: int) -> Decimal:
-    """What `count` new replicas on `offer` add per hour (as fleet.replica_usd_h prices them)."""
+    """What `count` new replicas on `offer` add per hour (costs.services prices replicas)."""
     if offer is None or not count:
         return Decimal(0)
-    price = offer.spot_usd_h if spot and offer.spot_usd_h is not None else offer.on_demand_usd_h
-    ranks = deployment.tensor_parallel * deployment.pipeline_parallel
-    nodes = max(1, -(-ranks // offer.gpus_per_node))
-    return price * nodes * count
+    return usd_h_for(offer, spot, deployment.tensor_parallel,
+                     deployment.pipeline_parallel) * count
 
 
 @dashboard_view(role=Role.OPERATOR, methods=("POST",))
