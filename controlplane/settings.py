@@ -156,6 +156,9 @@ MERIDIAN = {
     # Beat ticks older than this make /api/v1/status/ report beat as stale.
     "BEAT_STALE_AFTER": timedelta(seconds=env_int("MERIDIAN_BEAT_STALE_S", 90)),
     "CATALOG_STALE_AFTER": timedelta(hours=env_int("MERIDIAN_CATALOG_STALE_H", 24 * 7)),
+    # Clouds the solver may place new replicas on (empty: every enabled cloud). The lab
+    # sets "local": it can launch nothing else.
+    "PLACEMENT_CLOUDS": env_list("MERIDIAN_PLACEMENT_CLOUDS", []),
 }
 
 LOGGING = {

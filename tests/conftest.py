@@ -64,6 +64,24 @@ def catalog(db):  # type: ignore[no-untyped-def]
     }
 
 
+SentTask = tuple[str, tuple[object, ...], dict[str, object]]
+
+
+@pytest.fixture
+def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> list[SentTask]:
+    """Celery is the boundary: tasks are recorded here instead of reaching the broker."""
+    from celery.app.task import Task
+
+    sent: list[SentTask] = []
+
+    def apply_async(self: Task, args: object = None, kwargs: object = None,
+                    **options: object) -> None:
+        sent.append((self.name, tuple(args or ()), dict(options)))  # type: ignore[call-overload]
+
+    monkeypatch.setattr(Task, "apply_async", apply_async)
+    return sent
+
+
 @pytest.fixture
 def tenants(catalog):  # type: ignore[no-untyped-def]
     from controlplane.core.models import Tenant

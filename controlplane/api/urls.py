@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import plan_views, routing_views, views
+from controlplane.api import failover_views, plan_views, routing_views, views
 from controlplane.costs import api as costs_api
 
 router = DefaultRouter()
@@ -26,6 +26,8 @@ router.register("operations", views.OperationViewSet)
 router.register("costs", costs_api.CostViewSet, basename="costs")
 router.register("cost-rollups", costs_api.CostRollupViewSet)
 router.register("budgets", costs_api.BudgetViewSet, basename="budgets")
+router.register("incidents", failover_views.IncidentViewSet)
+router.register("region-health", failover_views.RegionHealthViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),

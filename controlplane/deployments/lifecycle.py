@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
@@ -28,6 +29,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.FAILED: frozenset({S.TERMINATED}),
     S.TERMINATED: frozenset(),
 }
+# Sent after every transition (the UPDATE bypasses post_save); routing listens to push tables.
+state_changed = Signal()
+
 LIVE_STATES = frozenset(state for state in TRANSITIONS if state not in (S.TERMINATED, S.FAILED))
 SERVING_STATES = frozenset({S.READY, S.DEGRADED})
 
@@ -75,6 +79,7 @@ def transition(
         changes={"from": current, "to": to, **{k: _plain(v) for k, v in fields.items()}},
         reason=reason,
     )
+    state_changed.send(sender=Replica, replica=updated, before=current, after=to)
     return updated
 
 

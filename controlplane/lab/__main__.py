@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
                       DJANGO_SETTINGS_MODULE="controlplane.settings",
                       MERIDIAN_VAR_DIR=str(args.var_dir.resolve()))
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    # The lab launches local engines only, so plans, failover and autoscaling place there.
+    os.environ.setdefault("MERIDIAN_PLACEMENT_CLOUDS", "local")
 
     from controlplane.lab.bootstrap import ensure_database, prepare
 

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.services import record_audit
@@ -44,7 +45,11 @@ def deployment_request(d: Deployment) -> DeploymentRequest:
 
 
 def offer_options() -> tuple[OfferOption, ...]:
+    """Every offer of an enabled region and cloud, narrowed to settings' PLACEMENT_CLOUDS."""
     rows = Offer.objects.select_related("region__cloud", "region__jurisdiction", "gpu_type")
+    clouds = settings.MERIDIAN.get("PLACEMENT_CLOUDS") or []
+    if clouds:
+        rows = rows.filter(region__cloud__name__in=clouds)
     return tuple(
         OfferOption(
             o.pk, o.region.key, o.region.cloud.name, o.region.jurisdiction.code,

@@ -371,6 +371,18 @@ class LocalProvider:
         self._stop_processes(record)
         self._record_path(handle.id).unlink(missing_ok=True)
 
+    def kill(self, handle: ProviderHandle) -> None:
+        """Chaos: SIGKILL the engine and its relay at once, as a crash or a lost region would,
+        and keep the record so that poll reports the replica failed."""
+        record = self._current(handle) or handle.data
+        for pid_key, cmd_key in (("relay_pid", "relay_cmdline"), ("pid", "cmdline")):
+            pid = record.get(pid_key)
+            if is_our_process(pid, record.get(cmd_key)):
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     def _stop_processes(self, record: Mapping[str, Any]) -> None:
         # The relay first, so nothing new reaches an engine that is shutting down.
         for pid_key, cmd_key in (("relay_pid", "relay_cmdline"), ("pid", "cmdline")):

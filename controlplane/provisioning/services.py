@@ -276,18 +276,18 @@ def drain(replica_id: int, *, actor: str, reason: str) -> Replica:
 class ReconcileReport:
     checked: int = 0
     failed: list[str] | None = None
-    replaced: list[str] | None = None
     reaped: list[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"checked": self.checked, "failed": self.failed or [],
-                "replaced": self.replaced or [], "reaped": self.reaped or []}
+                "reaped": self.reaped or []}
 
 
 def reconcile() -> ReconcileReport:
-    """Desired vs actual: fail replicas whose process or node is gone, replace them up to
-    each deployment's minimum, and reap provider resources no replica owns."""
-    report = ReconcileReport(failed=[], replaced=[], reaped=[])
+    """Desired vs actual: fail replicas whose process or node is gone and reap provider
+    resources no replica owns. Replacing failed replicas is failover's job
+    (controlplane.failover.services.replace_failed), placed by the solver."""
+    report = ReconcileReport(failed=[], reaped=[])
     live = Replica.objects.filter(state__in=LIVE_STATES - {S.PENDING}).select_related(
         "deployment", "region__cloud"
     )
@@ -305,8 +305,6 @@ def reconcile() -> ReconcileReport:
                 report.failed.append(replica.public_id)
             except IllegalTransition:
                 continue
-    for deployment in Deployment.objects.all():
-        report.replaced.extend(replace_missing(deployment))
     report.reaped.extend(reap_unowned())
     return report
 
@@ -323,31 +321,6 @@ def reap_unowned() -> list[str]:
             _, gone = provider.adopt_or_reap(wanted)
             reaped.extend(gone)
     return reaped
-
-
-def replace_missing(deployment: Deployment) -> list[str]:
-    """Request replacements for failed replicas while the deployment is under its minimum.
-
-    A replacement goes to the failed replica's region when that region still has healthy
-    replicas, else to the least-loaded allowed region with a lab or cloud offer.
-    """
-    live = deployment.replicas.filter(state__in=LIVE_STATES).count()
-    missing = deployment.min_replicas - live
-    if missing <= 0:
-        return []
-    failed = list(
-        deployment.replicas.filter(state=S.FAILED).select_related("region__cloud")
-        .order_by("-state_changed_at")[:missing]
-    )
-    made: list[str] = []
-    for dead in failed:
-        region = dead.region
-        replicas = request_replicas(deployment, region, 1, actor="system:reconcile",
-                                    reason=f"replace {dead.public_id} ({dead.last_error[:80]})",
-                                    spot=dead.spot, offer=dead.offer)
-        made.extend(r.public_id for r in replicas)
-        terminate_failed(dead)
-    return made
 
 
 def terminate_failed(replica: Replica) -> None:

@@ -39,7 +39,10 @@ def _enqueue_publish() -> None:
 
 
 def _connect() -> None:
+    from controlplane.deployments.lifecycle import state_changed
     from controlplane.routing.models import Edge, RoutingPolicy
+
+    state_changed.connect(request_publish, sender=Replica, dispatch_uid="routing-replica-state")
 
     for model in (Replica, ApiKey, Tenant, Deployment, Edge, RoutingPolicy):
         post_save.connect(request_publish, sender=model, dispatch_uid=f"routing-save-{model.__name__}")

@@ -9,21 +9,11 @@ import pytest
 
 from tests.frontend.fleet import Fleet, seed_fleet
 
-SentTask = tuple[str, tuple[Any, ...], dict[str, Any]]
-
 
 @pytest.fixture(autouse=True)
-def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> list[SentTask]:
-    """Celery is the boundary: tasks are recorded here instead of reaching the broker."""
-    from celery.app.task import Task
-
-    sent: list[SentTask] = []
-
-    def apply_async(self: Task, args: Any = None, kwargs: Any = None, **options: Any) -> None:
-        sent.append((self.name, tuple(args or ()), dict(options)))
-
-    monkeypatch.setattr(Task, "apply_async", apply_async)
-    return sent
+def no_broker(sent_tasks: list[Any]) -> list[Any]:
+    """Every dashboard test records its tasks instead of sending them (tests/conftest.py)."""
+    return sent_tasks
 
 
 @pytest.fixture

@@ -144,6 +144,18 @@ def test_a_killed_engine_is_noticed_by_poll(local_provider) -> None:  # type: ig
 
 
 @pytest.mark.usefixtures("enginesim")
+def test_kill_takes_engine_and_relay_down_at_once_and_keeps_the_record(local_provider) -> None:  # type: ignore[no-untyped-def]
+    handle = local_provider.launch(spec())
+    wait_running(local_provider, handle)
+    record = local_provider.read_record(handle.id)
+    local_provider.kill(handle)
+    wait_until(lambda: not pid_alive(record["pid"]) and not pid_alive(record["relay_pid"]), 5,
+               what="engine and relay gone")
+    assert local_provider.read_record(handle.id) == record
+    assert local_provider.poll(handle).state == "failed"
+
+
+@pytest.mark.usefixtures("enginesim")
 def test_a_second_launch_of_a_running_replica_starts_nothing(local_provider) -> None:  # type: ignore[no-untyped-def]
     first = local_provider.launch(spec())
     again = local_provider.launch(spec())

@@ -1,0 +1,78 @@
+"""API for failover: incidents with their timelines, region health, and drills."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.fields import RegionKeyField
+from controlplane.core.models import Role
+from controlplane.failover import services
+from controlplane.failover.models import Incident, RegionHealth
+
+
+class IncidentSerializer(serializers.ModelSerializer):
+    region = RegionKeyField(read_only=True)
+    timeline = serializers.SerializerMethodField()
+    open = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Incident
+        fields = ["id", "kind", "region", "summary", "started_by", "started_at", "detected_at",
+                  "tables_pushed_at", "replacement_ready_at", "traffic_back_at", "resolved_at",
+                  "open", "timeline", "failed_replicas", "replacements", "notes"]
+        read_only_fields = fields
+
+    def get_timeline(self, incident: Incident) -> dict[str, float | None]:
+        """Seconds from the start to each stage; null where not reached yet."""
+        return services.timeline(incident)
+
+
+class DrillRequest(serializers.Serializer):
+    region = RegionKeyField(help_text="A local lab region, e.g. local:ap-tokyo.")
+
+
+class RegionHealthSerializer(serializers.ModelSerializer):
+    region = RegionKeyField(read_only=True)
+
+    class Meta:
+        model = RegionHealth
+        fields = ["region", "state", "reason", "serving", "failing", "changed_at", "checked_at"]
+        read_only_fields = fields
+
+
+class IncidentViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                      viewsets.GenericViewSet):
+    """Failures and drills, newest first. Every role reads them; platform operators drill."""
+
+    write_role = Role.OPERATOR
+    platform_only_writes = True
+    queryset = Incident.objects.select_related("region__cloud")
+    serializer_class = IncidentSerializer
+    filterset_fields = ["kind"]
+    ordering_fields = ["started_at"]
+
+    @extend_schema(request=DrillRequest, responses={201: IncidentSerializer})
+    @action(detail=False, methods=["post"])
+    def drill(self, request: Request) -> Response:
+        """Kill every replica of a local region now; the timeline fills in as failover acts."""
+        body = DrillRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            incident = services.start_drill(body.validated_data["region"],
+                                            actor=self.principal.username)
+        except services.DrillRefused as exc:
+            return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(IncidentSerializer(incident).data, status=status.HTTP_201_CREATED)
+
+
+class RegionHealthViewSet(TenantScopedViewSet, mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Each region's health as the failover loop last derived it."""
+
+    queryset = RegionHealth.objects.select_related("region__cloud")
+    serializer_class = RegionHealthSerializer
+    filterset_fields = ["state"]

@@ -1,0 +1,448 @@
+"""Failover (DESIGN §6): notice failed replicas fast, push tables without them at once, place
+replacements inside the allowed jurisdictions through the solver, and keep a timeline.
+
+`watch` is the loop, run every second under an advisory lock:
+
+1. probe every serving replica's /health; fail the ones that are gone (health.py says when);
+2. push routing tables right away when anything failed (the edges have already ejected the
+   replica on their own after its first errors; this makes every edge agree);
+3. record the failures on an incident: the open drill or incident of that region, else a
+   new one (spot replicas that vanish are `spot_preempted`);
+4. derive each region's health;
+5. place replacements for failed replicas through the solver, leaving out regions that are
+   down or keep failing, with the spread lowered to the regions that are left;
+6. move open incidents along their timeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from controlplane.core.services import record_audit
+from controlplane.core.status import redis_client
+from controlplane.deployments.lifecycle import (
+    LIVE_STATES,
+    SERVING_STATES,
+    IllegalTransition,
+    transition,
+)
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.failover.health import RegionCounts, region_state, replica_verdict
+from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
+from controlplane.failover.probes import probe_all
+from regions.models import Offer, Region
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:failover"
+HEALTH_WINDOW = timedelta(minutes=10)
+# A region where a deployment lost this many replicas within the window gets no more of its
+# replacements until the window passes (a backoff for regions that keep failing).
+FLAPPING_FAILURES = 3
+# An incident closes this long after its replacements are ready when no traffic returns.
+QUIET_RESOLVE = timedelta(seconds=60)
+TIMEOUT_KEY = "meridian:failover:timeouts:{}"
+NOTE_KEY = "meridian:failover:noted:{}"
+STARTING_STATES = (S.PENDING, S.PROVISIONING, S.STARTING)
+
+
+@dataclass
+class WatchReport:
+    probed: int = 0
+    failed: list[str] = field(default_factory=list)
+    tables_version: int | None = None
+    replacements: list[str] = field(default_factory=list)
+    regions_down: list[str] = field(default_factory=list)
+    resolved: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def watch(now: datetime | None = None) -> WatchReport:
+    report = WatchReport()
+    failed = probe_and_fail(report) + failed_elsewhere()
+    if failed:
+        pushed = push_tables_now(f"failover: {', '.join(r.public_id for r in failed)} failed")
+        report.tables_version = pushed
+        record_failures(failed, tables_pushed=pushed is not None)
+    report.regions_down = update_region_health(now)
+    report.replacements = replace_failed()
+    report.resolved = progress_incidents(now)
+    return report
+
+
+# -- 1. probes --------------------------------------------------------------------------------
+
+def probe_and_fail(report: WatchReport) -> list[Replica]:
+    replicas = {r.pk: r for r in Replica.objects.filter(state__in=SERVING_STATES).exclude(url="")
+                .select_related("deployment", "region__cloud")}
+    report.probed = len(replicas)
+    probes = probe_all({pk: r.url for pk, r in replicas.items()})
+    cache = redis_client()
+    failed = []
+    for pk, probe in probes.items():
+        key = TIMEOUT_KEY.format(pk)
+        before = int(cache.get(key) or 0) if probe.timed_out else 0
+        is_failed, timeouts = replica_verdict(probe, before)
+        if timeouts:
+            cache.set(key, timeouts, ex=60)
+        elif before or not probe.ok:
+            cache.delete(key)
+        if not is_failed:
+            continue
+        try:
+            failed.append(transition(replicas[pk], S.FAILED, actor=ACTOR, reason=probe.detail,
+                                     last_error=probe.detail))
+        except IllegalTransition:
+            continue  # drained or failed by another path meanwhile
+    report.failed = [r.public_id for r in failed]
+    return failed
+
+
+def failed_elsewhere() -> list[Replica]:
+    """Replicas that served and were failed by another path (the provider reconcile, a spot
+    preemption) and that no open incident records yet."""
+    recorded: set[str] = set()
+    for names in Incident.objects.filter(resolved_at__isnull=True).values_list(
+            "failed_replicas", flat=True):
+        recorded.update(names)
+    return [r for r in Replica.objects.filter(state=S.FAILED, ready_at__isnull=False)
+            .select_related("deployment", "region__cloud") if r.public_id not in recorded]
+
+
+# -- 2. tables --------------------------------------------------------------------------------
+
+def push_tables_now(reason: str) -> int | None:
+    """Compile and push at once; the version when every edge took it, else None (the drift
+    check and the incident's progress pick it up)."""
+    from controlplane.routing import services as routing
+
+    try:
+        result = routing.publish(reason=reason)
+    except Exception:  # a broken edge must not stop failover
+        log.exception("table push after a failure did not complete")
+        return None
+    if all(r.acked for r in result.results):
+        return result.version
+    return None
+
+
+# -- 3. incidents -----------------------------------------------------------------------------
+
+def record_failures(failed: list[Replica], *, tables_pushed: bool,
+                    now: datetime | None = None) -> list[Incident]:
+    now = now or timezone.now()
+    by_region: dict[int, list[Replica]] = defaultdict(list)
+    for replica in failed:
+        by_region[replica.region_id].append(replica)
+    incidents = []
+    for region_id, replicas in by_region.items():
+        with transaction.atomic():
+            incident = (Incident.objects.select_for_update()
+                        .filter(region_id=region_id, resolved_at__isnull=True,
+                                started_at__gte=now - HEALTH_WINDOW)
+                        .order_by("-started_at").first())
+            names = [r.public_id for r in replicas]
+            if incident is None:
+                spot = all(r.spot for r in replicas)
+                incident = Incident.objects.create(
+                    kind=IncidentKind.SPOT_PREEMPTED if spot else IncidentKind.REPLICA_FAILED,
+                    region_id=region_id, started_at=now, detected_at=now,
+                    summary=f"{', '.join(names)} failed in {replicas[0].region.key}",
+                )
+                record_audit(ACTOR, "failover.incident", incident, reason=incident.summary,
+                             changes={"replicas": names, "errors": [r.last_error for r in replicas]})
+            incident.detected_at = incident.detected_at or now
+            incident.failed_replicas = sorted(set(incident.failed_replicas) | set(names))
+            if tables_pushed and incident.tables_pushed_at is None:
+                incident.tables_pushed_at = timezone.now()
+            note(incident, f"detected {', '.join(names)} failed: {replicas[0].last_error}")
+            incident.save()
+        incidents.append(incident)
+    return incidents
+
+
+def note(incident: Incident, text: str) -> None:
+    incident.notes = [*incident.notes, [timezone.now().isoformat(), text]][-50:]
+
+
+# -- 4. replacements --------------------------------------------------------------------------
+
+def excluded_regions(deployment: Deployment, now: datetime | None = None) -> set[str]:
+    """Region keys where no replacement should go: down, or failing again and again."""
+    now = now or timezone.now()
+    down = set(RegionHealth.objects.filter(state=Health.DOWN).select_related("region__cloud")
+               .values_list("region__cloud__name", "region__code"))
+    flapping = (deployment.replicas.filter(last_error__gt="", state_changed_at__gte=now - HEALTH_WINDOW,
+                                           state__in=(S.FAILED, S.TERMINATED))
+                .values("region__cloud__name", "region__code").annotate(n=Count("id"))
+                .filter(n__gte=FLAPPING_FAILURES))
+    keys = {f"{c}:{code}" for c, code in down}
+    keys |= {f"{row['region__cloud__name']}:{row['region__code']}" for row in flapping}
+    return keys
+
+
+def replace_failed() -> list[str]:
+    made: list[str] = []
+    for deployment_id in (Replica.objects.filter(state=S.FAILED)
+                          .values_list("deployment_id", flat=True).distinct()):
+        made.extend(replace_for(deployment_id))
+    return made
+
+
+def replace_for(deployment_id: int) -> list[str]:
+    """Place replacements for a deployment's failed replicas, then release the failed ones."""
+    from controlplane.placement import proposals
+    from controlplane.placement.solver import PlacementProblem, solve
+    from controlplane.provisioning.services import request_replicas, terminate_failed
+
+    with transaction.atomic():
+        deployment = (Deployment.objects.select_for_update().select_related("model")
+                      .prefetch_related("allowed_jurisdictions", "user_regions")
+                      .get(pk=deployment_id))
+        failed = list(deployment.replicas.filter(state=S.FAILED).select_related("region__cloud"))
+        if not failed:
+            return []
+        active = deployment.replicas.filter(state__in=LIVE_STATES).exclude(state=S.DRAINING).count()
+        target = min(deployment.max_replicas, max(deployment.min_replicas, active + len(failed)))
+        made: list[Replica] = []
+        if target > active:
+            skip = excluded_regions(deployment)
+            offers = tuple(o for o in proposals.offer_options() if o.region not in skip)
+            request = proposals.deployment_request(deployment)
+            usable = {o.region for o in offers if o.jurisdiction in request.allowed_jurisdictions}
+            request = dataclasses.replace(
+                request, min_replicas=target, max_replicas=max(target, request.max_replicas),
+                spread_regions=max(1, min(request.spread_regions, len(usable))))
+            problem = PlacementProblem((request,), offers, proposals.quota_left([deployment.pk]),
+                                       proposals.existing_replicas([deployment]),
+                                       move_penalty_usd_h=1e4, time_limit_s=5.0)
+            result = solve(problem)
+            if not result.has_plan:
+                _note_once(failed, f"no replacement for {deployment.name}: "
+                           + "; ".join(result.explanation[:2]))
+                return []
+            chosen = {o.pk: o for o in Offer.objects.filter(
+                pk__in=[c.offer_id for c in result.changes if c.action == "add"])
+                .select_related("region__cloud")}
+            reason = (f"replace {', '.join(r.public_id for r in failed)}"
+                      + (f" (avoiding {', '.join(sorted(skip))})" if skip else ""))
+            for change in result.changes:
+                if change.action == "add":
+                    offer = chosen[change.offer_id]
+                    made += request_replicas(deployment, offer.region, change.count, actor=ACTOR,
+                                             reason=reason, spot=change.spot, offer=offer)
+        names = [r.public_id for r in made]
+        _attach_replacements(failed, names)
+    for dead in failed:
+        terminate_failed(dead)
+    return names
+
+
+def _attach_replacements(failed: list[Replica], names: list[str]) -> None:
+    ids = {r.public_id for r in failed}
+    for incident in Incident.objects.select_for_update().filter(resolved_at__isnull=True):
+        if ids & set(incident.failed_replicas):
+            incident.replacements = sorted(set(incident.replacements) | set(names))
+            note(incident, f"replacements requested: {', '.join(names) or 'none needed'}")
+            incident.save(update_fields=["replacements", "notes"])
+
+
+def _note_once(failed: list[Replica], text: str) -> None:
+    """Record why replacement is stuck, once a minute at most (the loop runs every second)."""
+    if not redis_client().set(NOTE_KEY.format(hash(text)), "1", nx=True, ex=60):
+        return
+    ids = {r.public_id for r in failed}
+    for incident in Incident.objects.filter(resolved_at__isnull=True):
+        if ids & set(incident.failed_replicas):
+            note(incident, text)
+            incident.save(update_fields=["notes"])
+    record_audit(ACTOR, "failover.replacement_blocked", object_type="deployments.deployment",
+                 object_id=str(failed[0].deployment_id), reason=text)
+
+
+# -- 5. region health -------------------------------------------------------------------------
+
+def region_counts(now: datetime | None = None) -> dict[int, RegionCounts]:
+    now = now or timezone.now()
+    since = now - HEALTH_WINDOW
+    rows = (Replica.objects.filter(Q(state__in=LIVE_STATES) | Q(state_changed_at__gte=since))
+            .values("region_id").annotate(
+                serving=Count("id", filter=Q(state__in=SERVING_STATES)),
+                starting=Count("id", filter=Q(state__in=STARTING_STATES)),
+                failed=Count("id", filter=Q(state__in=(S.FAILED, S.TERMINATED), last_error__gt="",
+                                            state_changed_at__gte=since))))
+    return {row["region_id"]: RegionCounts(row["serving"], row["starting"], row["failed"])
+            for row in rows}
+
+
+def update_region_health(now: datetime | None = None) -> list[str]:
+    """Write each region's health; returns the keys of regions that just went down."""
+    now = now or timezone.now()
+    counts = region_counts(now)
+    current = {h.region_id: h for h in RegionHealth.objects.all()}
+    went_down: list[str] = []
+    for region_id in set(counts) | set(current):
+        c = counts.get(region_id, RegionCounts(0, 0, 0))
+        state, reason = region_state(c)
+        row = current.get(region_id) or RegionHealth(region_id=region_id, state=Health.HEALTHY,
+                                                      changed_at=now)
+        if row.state != state:
+            record_audit(ACTOR, f"region.{state}", row.region, reason=reason,
+                         changes={"from": row.state, "to": state})
+            row.state, row.changed_at = state, now
+            if state == Health.DOWN:
+                went_down.append(row.region.key)
+                _mark_region_down(region_id, now)
+        row.reason, row.serving, row.failing, row.checked_at = reason, c.serving, c.failed_recently, now
+        row.save()
+    return went_down
+
+
+def _mark_region_down(region_id: int, now: datetime) -> None:
+    incident = (Incident.objects.filter(region_id=region_id, resolved_at__isnull=True)
+                .order_by("-started_at").first())
+    if incident is not None and incident.kind != IncidentKind.DRILL:
+        incident.kind = IncidentKind.REGION_DOWN
+        note(incident, "region is down: no replica serves there")
+        incident.save(update_fields=["kind", "notes"])
+    elif incident is not None:
+        note(incident, "region is down: no replica serves there")
+        incident.save(update_fields=["notes"])
+
+
+# -- 6. timelines -----------------------------------------------------------------------------
+
+def progress_incidents(now: datetime | None = None) -> list[int]:
+    """Fill in timeline stamps that became true; returns ids of incidents resolved now."""
+    from controlplane.routing.services import edges_behind
+    from controlplane.telemetry.models import ReplicaSample
+
+    now = now or timezone.now()
+    resolved = []
+    open_incidents = list(Incident.objects.filter(resolved_at__isnull=True, detected_at__isnull=False))
+    if not open_incidents:
+        return resolved
+    behind = None
+    for incident in open_incidents:
+        changed = False
+        if incident.tables_pushed_at is None:
+            behind = edges_behind() if behind is None else behind
+            if not behind:
+                incident.tables_pushed_at, changed = now, True
+        ids = [int(name.removeprefix("r-")) for name in incident.replacements]
+        replacements = list(Replica.objects.filter(pk__in=ids))
+        if incident.replacement_ready_at is None and replacements and all(
+                r.state in SERVING_STATES for r in replacements):
+            incident.replacement_ready_at = max(r.ready_at or now for r in replacements)
+            note(incident, "replacements ready")
+            changed = True
+        if (incident.replacement_ready_at and incident.traffic_back_at is None
+                and _served_requests(ReplicaSample, ids)):
+            incident.traffic_back_at = now
+            note(incident, "replacements serve traffic")
+            changed = True
+        nothing_to_replace = not incident.replacements and not Replica.objects.filter(
+            pk__in=[int(n.removeprefix("r-")) for n in incident.failed_replicas],
+            state=S.FAILED).exists()
+        if incident.tables_pushed_at and (
+                incident.traffic_back_at
+                or (incident.replacement_ready_at and now - incident.replacement_ready_at > QUIET_RESOLVE)
+                or (nothing_to_replace and now - incident.detected_at > QUIET_RESOLVE)):
+            incident.resolved_at = now
+            note(incident, "resolved")
+            record_audit(ACTOR, "failover.resolved", incident, reason=incident.summary,
+                         changes=timeline(incident))
+            resolved.append(incident.pk)
+            changed = True
+        if changed:
+            incident.save()
+    return resolved
+
+
+def _served_requests(sample_model: Any, replica_ids: list[int]) -> bool:
+    if not replica_ids:
+        return False
+    for counters in (sample_model.objects.filter(replica_id__in=replica_ids, up=True)
+                     .order_by("replica_id", "-at").distinct("replica_id")
+                     .values_list("counters", flat=True)):
+        if counters.get("requests_ok", 0) > 0 or counters.get("generation_tokens", 0) > 0:
+            return True
+    return False
+
+
+STAGES = ("detected_at", "tables_pushed_at", "replacement_ready_at", "traffic_back_at",
+          "resolved_at")
+
+
+def timeline(incident: Incident) -> dict[str, float | None]:
+    """Seconds from the start to each stage (None: not reached)."""
+    out: dict[str, float | None] = {}
+    for stage in STAGES:
+        at = getattr(incident, stage)
+        out[stage.removesuffix("_at") + "_s"] = (
+            None if at is None else round((at - incident.started_at).total_seconds(), 3))
+    return out
+
+
+# -- drills -----------------------------------------------------------------------------------
+
+class DrillRefused(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(message)
+
+
+def region_by_key(key: str) -> Region:
+    cloud, _, code = (key or "").partition(":")
+    region = Region.objects.select_related("cloud").filter(cloud__name=cloud, code=code).first()
+    if region is None:
+        raise DrillRefused("region", f"no region {key!r}; use cloud:code, e.g. local:ap-tokyo")
+    return region
+
+
+def start_drill(region: Region, *, actor: str) -> Incident:
+    """Kill every local replica of `region` (SIGKILL, no drain) and open a drill incident;
+    the watch loop then handles it as it would a real region loss."""
+    from controlplane.provisioning.services import get_provider, handle_of
+
+    if region.cloud.name != "local":
+        raise DrillRefused("region", f"drills kill local lab replicas only; {region.key} is on "
+                                     f"{region.cloud.name}")
+    victims = list(Replica.objects.filter(region=region, state__in=LIVE_STATES, provider="local")
+                   .exclude(state=S.DRAINING))
+    if not victims:
+        raise DrillRefused("region", f"no local replica runs in {region.key}")
+    if Incident.objects.filter(region=region, kind=IncidentKind.DRILL,
+                               resolved_at__isnull=True).exists():
+        raise DrillRefused("region", f"a drill in {region.key} is still running")
+    now = timezone.now()
+    names = [r.public_id for r in victims]
+    incident = Incident.objects.create(
+        kind=IncidentKind.DRILL, region=region, started_by=actor, started_at=now,
+        summary=f"Drill: kill {len(victims)} replicas in {region.key}")
+    record_audit(actor, "failover.drill", incident, reason=incident.summary,
+                 changes={"replicas": names})
+    provider = get_provider("local")
+    for replica in victims:
+        handle = handle_of(replica)
+        if handle is not None:
+            provider.kill(handle)
+    note(incident, f"killed {', '.join(names)}")
+    incident.save(update_fields=["notes"])
+    return incident
+
+
+def incident_counts() -> Counter[str]:
+    return Counter(Incident.objects.filter(resolved_at__isnull=True).values_list("kind", flat=True))
