@@ -25,6 +25,7 @@ SCHEDULES: tuple[Schedule, ...] = (
     Schedule("reconcile replicas", "provisioning.reconcile_replicas", 5, queue="provision"),
     Schedule("routing drift check", "routing.check_drift", 10),
     Schedule("telemetry collect", "telemetry.collect", 2),
+    Schedule("telemetry autoscale", "telemetry.autoscale", 2),
     Schedule("cost rollup", "costs.rollup", 60),
     Schedule("failover watch", "failover.watch", 1),
     Schedule("refresh offer prices", "regions.refresh_offers", 3600, queue="provision"),
