@@ -1,0 +1,303 @@
+"""The alert rules as pure functions: plain inputs in, findings out. No database, no clock.
+
+Each rule compares a value with a warning and a critical threshold (value ≥ threshold) in its
+own unit, and returns one `Finding` per subject over a threshold. `services.py` loads the
+inputs, and opens and resolves Alert rows from the findings.
+
+| rule | value | default warning / critical | for |
+|---|---|---|---|
+| ttft_slo, itl_slo | worst replica's p95 ÷ the deployment's SLO | 1.0 / 2.0 | 60 s |
+| error_rate | 5xx responses ÷ responses per model at the edges | 0.05 / 0.20 | 60 s |
+| region_down | the health loop's state: degraded → warning, down → critical | — | 0 |
+| quota_exhausted | GPUs in use ÷ quota limit per region and GPU type | 0.9 / 1.0 | 0 |
+| budget | month-to-date spend ÷ monthly budget per tenant | 0.8 / 1.0 | 0 |
+| edge_table_stale | seconds an edge has been behind its newest table | 30 / 300 | 0 |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from controlplane.alerts.models import Rule, Severity
+from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
+
+# The error-rate rule ignores models with fewer responses than this in its window, so that
+# one failed request out of two is not a 50% error rate.
+MIN_REQUESTS = 20
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    warning: float | None
+    critical: float | None
+    for_s: int = 0
+    window_s: int = 60
+    enabled: bool = True
+
+    def severity(self, value: float) -> str | None:
+        if self.critical is not None and value >= self.critical:
+            return Severity.CRITICAL
+        if self.warning is not None and value >= self.warning:
+            return Severity.WARNING
+        return None
+
+    def threshold(self, severity: str) -> float | None:
+        return self.critical if severity == Severity.CRITICAL else self.warning
+
+
+DEFAULTS: dict[str, Thresholds] = {
+    Rule.TTFT_SLO: Thresholds(warning=1.0, critical=2.0, for_s=60, window_s=60),
+    Rule.ITL_SLO: Thresholds(warning=1.0, critical=2.0, for_s=60, window_s=60),
+    Rule.ERROR_RATE: Thresholds(warning=0.05, critical=0.20, for_s=60, window_s=300),
+    Rule.REGION_DOWN: Thresholds(warning=None, critical=None),
+    Rule.QUOTA_EXHAUSTED: Thresholds(warning=0.9, critical=1.0),
+    Rule.BUDGET: Thresholds(warning=0.8, critical=1.0),
+    Rule.EDGE_TABLE_STALE: Thresholds(warning=30.0, critical=300.0),
+}
+
+
+def merged(default: Thresholds, *, enabled: bool = True, warning: float | None = None,
+           critical: float | None = None, for_s: int | None = None,
+           window_s: int | None = None) -> Thresholds:
+    """A rule's defaults with the given overrides (None keeps the default)."""
+    changes: dict[str, object] = {"enabled": enabled}
+    for name, value in (("warning", warning), ("critical", critical), ("for_s", for_s),
+                        ("window_s", window_s)):
+        if value is not None:
+            changes[name] = value
+    return replace(default, **changes)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    subject: str
+    severity: str
+    message: str
+    value: float | None = None
+    threshold: float | None = None
+    unit: str = ""
+    tenant_id: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.rule, self.subject)
+
+
+# --- latency SLOs -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeploymentLatency:
+    name: str
+    tenant_id: int | None
+    slo_ms: float
+    p95_ms: Mapping[str, float]  # replica label → p95 in ms, replicas with data only
+
+
+LATENCY_NAMES = {Rule.TTFT_SLO: "TTFT", Rule.ITL_SLO: "ITL"}
+
+
+def latency_slo(rule: str, deployments: Iterable[DeploymentLatency], limits: Thresholds
+                ) -> list[Finding]:
+    """Deployments whose worst replica's p95 is at or over the SLO times a threshold."""
+    findings = []
+    for d in deployments:
+        if not d.p95_ms or d.slo_ms <= 0:
+            continue
+        replica, worst = max(d.p95_ms.items(), key=lambda item: (item[1], item[0]))
+        ratio = worst / d.slo_ms
+        severity = limits.severity(ratio)
+        if severity is None:
+            continue
+        over = sum(1 for p95 in d.p95_ms.values() if p95 > d.slo_ms)
+        factor = limits.threshold(severity)
+        findings.append(Finding(
+            rule=rule, subject=d.name, severity=severity, value=round(worst, 1),
+            threshold=round(d.slo_ms * factor, 1) if factor is not None else None, unit="ms",
+            tenant_id=d.tenant_id,
+            message=(f"{LATENCY_NAMES[rule]} p95 {worst:.0f} ms on {replica} is "
+                     f"{ratio:.2f}× the {d.slo_ms:.0f} ms SLO of {d.name} "
+                     f"({over} of {len(d.p95_ms)} replicas over the SLO)."),
+        ))
+    return findings
+
+
+# --- error rate ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelTraffic:
+    model: str
+    requests: float
+    errors: float
+    tenant_id: int | None = None
+
+
+def is_error_status(status: str) -> bool:
+    """Server-side failures: 5xx answers (the edge's own 502/503/504 included)."""
+    return len(status) == 3 and status.startswith("5") and status.isdigit()
+
+
+def traffic_by_model(pairs: Iterable[tuple[Mapping[str, float], Mapping[str, float] | None]]
+                     ) -> dict[str, tuple[float, float]]:
+    """(requests, 5xx) per model from pairs of an edge's newer and older request counters
+    (keyed "model|region|tenant|status"); pairs with no older sample are skipped."""
+    totals: dict[str, list[float]] = {}
+    for newer, older in pairs:
+        if older is None:
+            continue
+        for joined, grown in counter_delta(newer, older).items():
+            labels = split_key(joined, REQUEST_LABELS)
+            row = totals.setdefault(labels["model"], [0.0, 0.0])
+            row[0] += grown
+            if is_error_status(labels["status"]):
+                row[1] += grown
+    return {model: (row[0], row[1]) for model, row in totals.items()}
+
+
+def error_rate(models: Iterable[ModelTraffic], limits: Thresholds,
+               min_requests: float = MIN_REQUESTS) -> list[Finding]:
+    findings = []
+    for m in models:
+        if m.requests < min_requests or m.requests <= 0:
+            continue
+        share = m.errors / m.requests
+        severity = limits.severity(share)
+        if severity is None:
+            continue
+        findings.append(Finding(
+            rule=Rule.ERROR_RATE, subject=m.model, severity=severity, value=round(share, 4),
+            threshold=limits.threshold(severity), unit="ratio", tenant_id=m.tenant_id,
+            message=(f"{share:.1%} of requests for {m.model} failed with a 5xx at the edges "
+                     f"({m.errors:.0f} of {m.requests:.0f} in the window)."),
+        ))
+    return findings
+
+
+# --- region health ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RegionState:
+    key: str
+    state: str  # healthy | degraded | down
+    reason: str = ""
+    failing: int = 0
+    serving: int = 0
+
+
+def region_down(regions: Iterable[RegionState]) -> list[Finding]:
+    findings = []
+    for r in regions:
+        if r.state == "down":
+            severity, what = Severity.CRITICAL, "down"
+        elif r.state == "degraded":
+            severity, what = Severity.WARNING, "degraded"
+        else:
+            continue
+        detail = f": {r.reason}" if r.reason else ""
+        findings.append(Finding(
+            rule=Rule.REGION_DOWN, subject=r.key, severity=severity, value=float(r.failing),
+            unit="replicas failing",
+            message=(f"Region {r.key} is {what}{detail} ({r.serving} serving, "
+                     f"{r.failing} failing)."),
+        ))
+    return findings
+
+
+# --- quota --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QuotaUse:
+    region: str
+    gpu: str
+    limit: int
+    in_use: int
+
+
+def quota_exhausted(quotas: Iterable[QuotaUse], limits: Thresholds) -> list[Finding]:
+    """Quota pools used at or over a share of their limit (pools with no quota are skipped)."""
+    findings = []
+    for q in quotas:
+        if q.limit <= 0:
+            continue
+        used = q.in_use / q.limit
+        severity = limits.severity(used)
+        if severity is None:
+            continue
+        left = max(q.limit - q.in_use, 0)
+        findings.append(Finding(
+            rule=Rule.QUOTA_EXHAUSTED, subject=f"{q.region}/{q.gpu}", severity=severity,
+            value=round(used, 4), threshold=limits.threshold(severity), unit="ratio",
+            message=(f"{q.gpu} quota in {q.region}: {q.in_use} of {q.limit} GPUs in use "
+                     f"({used:.0%}), {left} left."),
+        ))
+    return findings
+
+
+# --- budget -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TenantSpend:
+    tenant: str
+    tenant_id: int | None
+    budget_usd: float | None
+    spent_usd: float
+
+
+def budget(tenants: Iterable[TenantSpend], limits: Thresholds) -> list[Finding]:
+    """Tenants whose month-to-date spend reached a share of their monthly budget."""
+    findings = []
+    for t in tenants:
+        if t.budget_usd is None:
+            continue
+        if t.budget_usd > 0:
+            used = t.spent_usd / t.budget_usd
+        elif t.spent_usd > 0:
+            used = float("inf")  # a zero budget with any spend is over it
+        else:
+            continue
+        severity = limits.severity(used)
+        if severity is None:
+            continue
+        share = "over" if used == float("inf") else f"{used:.0%} of"
+        findings.append(Finding(
+            rule=Rule.BUDGET, subject=t.tenant, severity=severity, tenant_id=t.tenant_id,
+            value=round(t.spent_usd, 2), unit="USD",
+            threshold=(round(t.budget_usd * factor, 2)
+                       if (factor := limits.threshold(severity)) is not None else None),
+            message=(f"Tenant {t.tenant} has spent ${t.spent_usd:,.2f} this month, {share} "
+                     f"its ${t.budget_usd:,.2f} budget."),
+        ))
+    return findings
+
+
+# --- edges --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EdgeLag:
+    edge: str
+    acked_version: int | None
+    latest_version: int
+    behind_since: datetime  # when the oldest table the edge has not acked was compiled
+
+
+def edge_table_stale(edges: Iterable[EdgeLag], now: datetime, limits: Thresholds
+                     ) -> list[Finding]:
+    """Edges that have not acked their newest table for longer than the grace period."""
+    findings = []
+    for e in edges:
+        if e.acked_version is not None and e.acked_version >= e.latest_version:
+            continue
+        behind_s = (now - e.behind_since).total_seconds()
+        severity = limits.severity(behind_s)
+        if severity is None:
+            continue
+        acked = f"v{e.acked_version}" if e.acked_version is not None else "no table"
+        findings.append(Finding(
+            rule=Rule.EDGE_TABLE_STALE, subject=e.edge, severity=severity,
+            value=round(behind_s, 1), threshold=limits.threshold(severity), unit="s",
+            message=(f"Edge {e.edge} has acked {acked} but the newest table is "
+                     f"v{e.latest_version}; behind for {behind_s:.0f} s."),
+        ))
+    return findings
