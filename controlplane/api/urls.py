@@ -4,6 +4,7 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from controlplane.api import failover_views, plan_views, routing_views, views
+from controlplane.api.scaling_views import ScalingDecisionViewSet
 from controlplane.costs import api as costs_api
 
 router = DefaultRouter()
@@ -28,6 +29,7 @@ router.register("cost-rollups", costs_api.CostRollupViewSet)
 router.register("budgets", costs_api.BudgetViewSet, basename="budgets")
 router.register("incidents", failover_views.IncidentViewSet)
 router.register("region-health", failover_views.RegionHealthViewSet)
+router.register("scaling-decisions", ScalingDecisionViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
