@@ -247,3 +247,64 @@ def events_figure(counts: Iterable[Mapping[str, Any]], since: datetime, until: d
     layout["barmode"] = "stack"
     layout["hovermode"] = "closest"
     return {"data": data, "layout": layout}
+
+
+# -- costs ----------------------------------------------------------------------------------
+
+COST_PALETTE = ["#3182ce", "#38a169", "#d69e2e", "#805ad5", "#e53e3e", "#319795", "#dd6b20",
+                "#b83280", "#2c5282", "#276749"]
+IDLE_COLOUR = "#a0aec0"
+
+
+def _mtok(value: float | None) -> str:
+    return "no tokens" if value is None else f"${value:,.3f}/Mtok"
+
+
+def spend_over_time_figure(rows: Iterable[Mapping[str, Any]], since: datetime, until: datetime,
+                           bucket: str = "hour") -> Figure:
+    """Spend per hour or day, stacked by model; rows of `time`, `model` and `usd`."""
+    by_model: dict[str, dict[str, float]] = {}
+    for row in rows:
+        series = by_model.setdefault(row["model"], {})
+        at = _time(row["time"])
+        series[at] = series.get(at, 0.0) + float(row["usd"])
+    width = HOUR_MS * (24 if bucket == "day" else 1) * 0.9
+    totals = {model: sum(v.values()) for model, v in by_model.items()}
+    data = []
+    for i, model in enumerate(sorted(by_model, key=lambda m: (-totals[m], m))):
+        points = by_model[model]
+        data.append({"type": "bar", "name": model, "x": list(points), "y": list(points.values()),
+                     "marker": {"color": COST_PALETTE[i % len(COST_PALETTE)]},
+                     "offset": 0, "width": width,
+                     "hovertemplate": f"{model}: $%{{y:,.2f}}<extra></extra>"})
+    layout = _time_layout(f"$ per {bucket}", height=240, since=since, until=until)
+    layout["barmode"] = "stack"
+    return {"data": data, "layout": layout}
+
+
+def spend_bars_figure(groups: Sequence[Mapping[str, Any]], what: str,
+                      idle_name: str = "idle (no tokens)") -> Figure:
+    """Horizontal bars of spend per model, region or tenant, the largest on top; hover shows
+    tokens and $ per million tokens. A group keyed "" is idle cost, drawn grey."""
+    ordered = sorted(groups, key=lambda g: float(g["usd"]))  # plotly draws bottom-up
+    names = [g["key"] or idle_name for g in ordered]
+    return {
+        "data": [{
+            "type": "bar", "orientation": "h", "name": what,
+            "y": names, "x": [float(g["usd"]) for g in ordered],
+            "marker": {"color": [IDLE_COLOUR if not g["key"] else COST_PALETTE[0]
+                                 for g in ordered]},
+            "customdata": [[f"{g['tokens']:,}", _mtok(g["usd_per_mtok"])] for g in ordered],
+            "hovertemplate": ("%{y}: $%{x:,.2f}<br>%{customdata[0]} tokens · "
+                              "%{customdata[1]}<extra></extra>"),
+        }],
+        "layout": {
+            "height": max(120, 28 * len(ordered) + 60),
+            "margin": {"l": 150, "r": 12, "t": 8, "b": 36},
+            "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)", "font": FONT,
+            "xaxis": {"title": {"text": "$"}, "gridcolor": GRID, "rangemode": "tozero"},
+            "yaxis": {"automargin": True},
+            "showlegend": False,
+        },
+    }
+

@@ -5,6 +5,7 @@ from django.urls import path
 
 from frontend.views import (
     assets,
+    costs,
     deployments,
     events,
     inventory,
@@ -36,6 +37,7 @@ urlpatterns = [
     path("routing/", routing.routing, name="routing"),
     path("routing/edges/", routing.edge_table, name="routing-edges"),
     path("routing/<slug:edge>/diff/", routing.table_diff, name="routing-diff"),
+    path("costs/", costs.costs, name="costs"),
     path("events/", events.events, name="events"),
     path("tenants/", tenants.tenant_list, name="tenants"),
     path("tenants/<slug:name>/", tenants.tenant_detail, name="tenant"),

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import failover_views, plan_views, routing_views, views
+from controlplane.api import failover_views, gpu_views, plan_views, routing_views, views
 from controlplane.api.scaling_views import ScalingDecisionViewSet
 from controlplane.costs import api as costs_api
 
@@ -24,6 +24,7 @@ router.register("edges", routing_views.EdgeViewSet)
 router.register("routing-policy", routing_views.RoutingPolicyViewSet)
 router.register("plans", plan_views.PlanViewSet)
 router.register("operations", views.OperationViewSet)
+router.register("gpu-nodes", gpu_views.GpuNodeViewSet)
 router.register("costs", costs_api.CostViewSet, basename="costs")
 router.register("cost-rollups", costs_api.CostRollupViewSet)
 router.register("budgets", costs_api.BudgetViewSet, basename="budgets")
@@ -33,6 +34,7 @@ router.register("scaling-decisions", ScalingDecisionViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
+    path("gpu-reports/", gpu_views.GpuReportView.as_view(), name="gpu-reports"),
     path("edges/<slug:name>/table", routing_views.EdgeTableView.as_view(), name="edge-table"),
     *router.urls,
 ]

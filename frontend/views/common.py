@@ -18,6 +18,7 @@ NAV: tuple[tuple[str, str, str], ...] = (
     ("deployments", "Deployments", "What is served, where, and at what cost"),
     ("plans", "Plans", "Placement changes proposed by the solver"),
     ("routing", "Routing", "Edges and the tables they route by"),
+    ("costs", "Costs", "Spend by model, region and tenant; budgets"),
     ("events", "Events", "Who or what changed what, and why"),
     ("tenants", "Tenants & keys", "Customers, their limits and API keys"),
 )
