@@ -252,7 +252,7 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
     """Record the decision and carry it out; None when the deployment changed meanwhile."""
     with transaction.atomic():
         # One scale per deployment at a time (operators scale under the same lock).
-        deployment = (Deployment.objects.select_for_update().select_related("model", "tenant")
+        deployment = (Deployment.objects.select_for_update(of=("self",)).select_related("model", "tenant")
                       .get(pk=snap.deployment.pk))
         active = list(deployment.replicas.filter(state__in=LIVE_STATES).exclude(
             state=S.DRAINING).select_related("region__cloud", "offer__gpu_type"))
@@ -317,7 +317,11 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
     from controlplane.placement.solver import ExistingReplica, PlacementProblem, solve
     from regions.models import Offer
 
-    options = offer_options()
+    # New replicas are of the kind already running (or, from zero, last run): the in-flight
+    # target is per replica, so the fleet stays uniform.
+    kinds = _replica_kinds(deployment, active)
+    options = tuple(o for o in offer_options()
+                    if not kinds or (o.gpu.name, o.gpus_per_node) in kinds)
     listed = {o.id for o in options}
     kept = [r for r in active if r.offer_id in listed]
     total = len(kept) + add
@@ -344,6 +348,16 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
                                     f"(${result.cost_after_usd_h:.2f}/h after)")
     why = "; ".join(result.explanation) or f"solver status {result.status}"
     return _beside_running(deployment, active, add, quota, f"solver found no plan ({why})")
+
+
+def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[tuple[str, int]]:
+    """(GPU type, GPUs per node) of the running replicas; else of the newest one there was."""
+    kinds = {(r.offer.gpu_type.name, r.offer.gpus_per_node) for r in active if r.offer_id}
+    if kinds:
+        return kinds
+    last = (deployment.replicas.filter(offer__isnull=False).select_related("offer__gpu_type")
+            .order_by("-created_at").first())
+    return {(last.offer.gpu_type.name, last.offer.gpus_per_node)} if last and last.offer else set()
 
 
 def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,
