@@ -307,4 +307,3 @@ def spend_bars_figure(groups: Sequence[Mapping[str, Any]], what: str,
             "showlegend": False,
         },
     }
-
