@@ -271,6 +271,9 @@ def replica_costs(hour: datetime, now: datetime) -> dict[tuple[str, str], GroupC
     rows = (
         Replica.objects.filter(offer__isnull=False, created_at__lt=end)
         .filter(Q(terminated_at__isnull=True) | Q(terminated_at__gt=hour))
+        .exclude(state=S.PENDING, terminated_at__isnull=True)
+        # Failed before this hour and never terminated: nothing billed since it failed.
+        .exclude(state=S.FAILED, terminated_at__isnull=True, state_changed_at__lte=hour)
         .annotate(usd_h=replica_usd_h_sql())
         .values("deployment__served_model_name", "deployment__tenant__name",
                 "region__cloud__name", "region__code", "usd_h", "created_at",

@@ -172,3 +172,41 @@ def test_rollup_due_rolls_owed_hours_once(tenants, make_deployment, make_replica
     assert rows() == {("llama-3.1-8b", FRA, ""): (0, 0, FRA_H100)}
     assert rows(H10 - timedelta(hours=2)) == {("llama-3.1-8b", FRA, ""): (0, 0, FRA_H100)}
     assert rows(H10 - timedelta(hours=3)) == {}
+
+
+
+@pytest.mark.django_db
+def test_rollup_task_rolls_up_owed_hours(tenants, make_deployment, make_replica) -> None:  # type: ignore[no-untyped-def]
+    from controlplane.costs import tasks
+
+    make_replica(make_deployment("chat"), "fra", H10)
+    assert tasks.rollup() == {"hours": 49}
+    assert RollupHour.objects.count() == 49
+    assert tasks.rollup() == {"hours": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rollup_task_skips_while_another_worker_holds_the_lock() -> None:
+    from controlplane.core.locks import advisory_lock
+    from controlplane.costs import tasks
+
+    held, done = threading.Event(), threading.Event()
+
+    def other_worker() -> None:
+        try:
+            with advisory_lock("costs.rollup") as acquired:
+                assert acquired
+                held.set()
+                done.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    try:
+        assert held.wait(10)
+        assert tasks.rollup() == {"skipped": 1}
+    finally:
+        done.set()
+        thread.join()
+    assert tasks.rollup() == {"hours": 49}
