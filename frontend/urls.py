@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from frontend.views import (
+    alerts,
     assets,
     costs,
     deployments,
@@ -39,6 +40,8 @@ urlpatterns = [
     path("routing/<slug:edge>/diff/", routing.table_diff, name="routing-diff"),
     path("costs/", costs.costs, name="costs"),
     path("events/", events.events, name="events"),
+    path("alerts/", alerts.alerts, name="alerts"),
+    path("alerts/<int:pk>/acknowledge/", alerts.acknowledge, name="alert-acknowledge"),
     path("tenants/", tenants.tenant_list, name="tenants"),
     path("tenants/<slug:name>/", tenants.tenant_detail, name="tenant"),
     path("tenants/<slug:name>/keys/", tenants.create_key, name="tenant-key-create"),

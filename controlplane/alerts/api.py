@@ -45,8 +45,9 @@ class AlertFilter(filters.FilterSet):
     notify_state = filters.ChoiceFilter(choices=NotifyState.choices)
     subject = filters.CharFilter(field_name="subject")
     tenant = filters.CharFilter(field_name="tenant__name")
-    acknowledged = filters.BooleanFilter(field_name="acknowledged_at", lookup_expr="isnull",
-                                         exclude=True)
+    acknowledged = filters.ChoiceFilter(
+        choices=[("true", "true"), ("false", "false")], method="filter_acknowledged",
+        help_text="true: only alerts someone acknowledged; false: only those nobody did.")
     since = filters.IsoDateTimeFilter(field_name="opened_at", lookup_expr="gte",
                                       help_text="Opened at or after this time (ISO 8601).")
 
@@ -54,6 +55,9 @@ class AlertFilter(filters.FilterSet):
         model = Alert
         fields = ["state", "rule", "severity", "notify_state", "subject", "tenant",
                   "acknowledged", "since"]
+
+    def filter_acknowledged(self, queryset: Any, name: str, value: str) -> Any:
+        return queryset.filter(acknowledged_at__isnull=value != "true")
 
 
 class AcknowledgeRequest(serializers.Serializer):

@@ -3,6 +3,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from controlplane.alerts.api import AlertRulesView, AlertViewSet
 from controlplane.api import failover_views, gpu_views, plan_views, routing_views, views
 from controlplane.api.scaling_views import ScalingDecisionViewSet
 from controlplane.costs import api as costs_api
@@ -23,6 +24,7 @@ router.register("audit-log", views.AuditLogViewSet)
 router.register("edges", routing_views.EdgeViewSet)
 router.register("routing-policy", routing_views.RoutingPolicyViewSet)
 router.register("plans", plan_views.PlanViewSet)
+router.register("alerts", AlertViewSet)
 router.register("operations", views.OperationViewSet)
 router.register("gpu-nodes", gpu_views.GpuNodeViewSet)
 router.register("costs", costs_api.CostViewSet, basename="costs")
@@ -34,6 +36,7 @@ router.register("scaling-decisions", ScalingDecisionViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
+    path("alert-rules/", AlertRulesView.as_view(), name="alert-rules"),
     path("gpu-reports/", gpu_views.GpuReportView.as_view(), name="gpu-reports"),
     path("edges/<slug:name>/table", routing_views.EdgeTableView.as_view(), name="edge-table"),
     *router.urls,

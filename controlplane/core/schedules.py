@@ -28,6 +28,7 @@ SCHEDULES: tuple[Schedule, ...] = (
     Schedule("telemetry autoscale", "telemetry.autoscale", 2),
     Schedule("cost rollup", "costs.rollup", 60),
     Schedule("failover watch", "failover.watch", 1),
+    Schedule("alerts evaluate", "alerts.evaluate", 10),
     Schedule("refresh offer prices", "regions.refresh_offers", 3600, queue="provision"),
 )
 

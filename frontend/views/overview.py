@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 
+from controlplane.alerts.services import open_counts
 from frontend import charts, fleet, traffic
 from frontend.access import dashboard_view, principal_of
 from frontend.views.common import render_page
@@ -25,6 +26,7 @@ def _figures(request: HttpRequest) -> dict[str, object]:
         "attention": attention[:ATTENTION_LIMIT],
         "attention_more": max(len(attention) - ATTENTION_LIMIT, 0),
         "edges_behind": [e for e in data.edges if e.enabled and not e.in_sync][:ATTENTION_LIMIT],
+        "alerts_open": open_counts(principal),
     }
 
 

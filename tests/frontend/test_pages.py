@@ -36,6 +36,7 @@ def page_urls(fleet: Fleet) -> list[str]:
         reverse("frontend:plan", args=[fleet.plan.pk]),
         reverse("frontend:routing"),
         reverse("frontend:events"),
+        reverse("frontend:alerts"),
         reverse("frontend:costs"),
         reverse("frontend:tenants"),
         reverse("frontend:tenant", args=["acme"]),

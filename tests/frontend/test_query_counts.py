@@ -27,6 +27,7 @@ def _pages(fleet: Fleet) -> list[str]:
         "/plans/", f"/plans/{fleet.plan.pk}/",
         "/routing/", "/routing/edges/", f"/routing/{fleet.edges[0].name}/diff/",
         "/events/", "/events/?action=replica.ready",
+        "/alerts/", "/alerts/?rule=region_down&severity=critical",
         "/costs/", "/costs/?period=24h",
         "/tenants/", "/tenants/acme/",
     ]
