@@ -483,7 +483,7 @@ def budget_fraction(spent: float, budget: float | None) -> float | None:
 
 def budget_statuses(tenants: Sequence[Tenant], now: datetime | None = None
                     ) -> list[BudgetStatus]:
-    """Each tenant's month so far against its budget, in two queries whatever their number."""
+    """Each tenant's month so far against its budget, in one query whatever their number."""
     now = now or timezone.now()
     start, end = month_bounds(now)
     names = [t.name for t in tenants]
