@@ -307,3 +307,47 @@ def spend_bars_figure(groups: Sequence[Mapping[str, Any]], what: str,
             "showlegend": False,
         },
     }
+
+
+# -- failover ---------------------------------------------------------------------------------
+
+STAGE_COLOURS = {"detected": "#e53e3e", "tables_pushed": "#d69e2e",
+                 "replacement_ready": "#3182ce", "traffic_back": "#38a169", "resolved": "#718096"}
+
+
+def incident_timeline_figure(incidents: Sequence[Mapping[str, Any]]) -> Figure:
+    """Seconds from each failure (or drill) to each stage of Meridian's answer.
+
+    `incidents`: newest first, each with a `label` and `timeline` ({stage_s: seconds|None}).
+    One row per incident; a marker per stage reached, joined by a line from the start.
+    """
+    rows = list(reversed(incidents))  # oldest at the bottom, as a timeline reads
+    labels = [row["label"] for row in rows]
+    data: list[dict[str, Any]] = [{
+        "type": "scatter", "mode": "lines", "showlegend": False, "hoverinfo": "skip",
+        "x": [v for row in rows for v in (0, _last_stage(row["timeline"]), None)],
+        "y": [v for label in labels for v in (label, label, None)],
+        "line": {"color": "#cbd5e0", "width": 6},
+    }]
+    for stage, colour in STAGE_COLOURS.items():
+        xs, ys = [], []
+        for row, label in zip(rows, labels, strict=True):
+            seconds = row["timeline"].get(f"{stage}_s")
+            if seconds is not None:
+                xs.append(seconds)
+                ys.append(label)
+        data.append({"type": "scatter", "mode": "markers", "name": stage.replace("_", " "),
+                     "x": xs, "y": ys, "marker": {"color": colour, "size": 11},
+                     "hovertemplate": f"{stage.replace('_', ' ')}: %{{x:.2f}} s<extra>%{{y}}</extra>"})
+    height = 80 + 34 * max(len(rows), 1)
+    return {"data": data, "layout": {
+        "height": height, "margin": {"l": 220, "r": 20, "t": 10, "b": 40},
+        "xaxis": {"title": {"text": "seconds after the failure"}, "rangemode": "tozero"},
+        "yaxis": {"type": "category", "automargin": True},
+        "legend": {"orientation": "h", "y": -0.25}, "hovermode": "closest",
+        "plot_bgcolor": "#fff", "paper_bgcolor": "#fff",
+    }}
+
+
+def _last_stage(timeline: Mapping[str, float | None]) -> float:
+    return max((v for v in timeline.values() if v is not None), default=0.0)

@@ -412,21 +412,27 @@ def region_by_key(key: str) -> Region:
     return region
 
 
-def start_drill(region: Region, *, actor: str) -> Incident:
-    """Kill every local replica of `region` (SIGKILL, no drain) and open a drill incident;
-    the watch loop then handles it as it would a real region loss."""
-    from controlplane.provisioning.services import get_provider, handle_of
-
+def drill_victims(region: Region) -> list[Replica]:
+    """The replicas a drill in `region` would kill; DrillRefused says why there can be none."""
     if region.cloud.name != "local":
         raise DrillRefused("region", f"drills kill local lab replicas only; {region.key} is on "
                                      f"{region.cloud.name}")
     victims = list(Replica.objects.filter(region=region, state__in=LIVE_STATES, provider="local")
-                   .exclude(state=S.DRAINING))
+                   .exclude(state=S.DRAINING).select_related("deployment"))
     if not victims:
         raise DrillRefused("region", f"no local replica runs in {region.key}")
     if Incident.objects.filter(region=region, kind=IncidentKind.DRILL,
                                resolved_at__isnull=True).exists():
         raise DrillRefused("region", f"a drill in {region.key} is still running")
+    return victims
+
+
+def start_drill(region: Region, *, actor: str) -> Incident:
+    """Kill every local replica of `region` (SIGKILL, no drain) and open a drill incident;
+    the watch loop then handles it as it would a real region loss."""
+    from controlplane.provisioning.services import get_provider, handle_of
+
+    victims = drill_victims(region)
     now = timezone.now()
     names = [r.public_id for r in victims]
     incident = Incident.objects.create(

@@ -67,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
     group.start("web", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
                         "--workers", "2", "--threads", "4", "--access-logfile", "-"])
+    # Fast loops and slow provider jobs get their own workers, so a launch in progress never
+    # delays the failover watch.
     group.start("worker", [python, "-m", "celery", "-A", "controlplane", "worker",
-                           "-Q", "control,provision", "--concurrency", "2", "-n", "lab@%h",
+                           "-Q", "control", "--concurrency", "2", "-n", "control@%h",
                            "--loglevel", "INFO"])
+    group.start("provisioner", [python, "-m", "celery", "-A", "controlplane", "worker",
+                                "-Q", "provision", "--concurrency", "2", "-n", "provision@%h",
+                                "--loglevel", "INFO"])
     group.start("beat", [python, "-m", "celery", "-A", "controlplane", "beat", "--loglevel",
                          "INFO", "--schedule", str(args.var_dir / "lab" / "celerybeat-schedule")])
 

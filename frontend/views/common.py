@@ -20,6 +20,7 @@ NAV: tuple[tuple[str, str, str], ...] = (
     ("routing", "Routing", "Edges and the tables they route by"),
     ("costs", "Costs", "Spend by model, region and tenant; budgets"),
     ("alerts", "Alerts", "What is wrong now, and what was"),
+    ("failover", "Failover", "Region health, incidents and drills"),
     ("events", "Events", "Who or what changed what, and why"),
     ("tenants", "Tenants & keys", "Customers, their limits and API keys"),
 )

@@ -36,6 +36,7 @@ def page_urls(fleet: Fleet) -> list[str]:
         reverse("frontend:plan", args=[fleet.plan.pk]),
         reverse("frontend:routing"),
         reverse("frontend:events"),
+        reverse("frontend:failover"),
         reverse("frontend:alerts"),
         reverse("frontend:costs"),
         reverse("frontend:tenants"),
@@ -170,7 +171,8 @@ def test_viewer_sees_no_action_buttons_where_an_operator_does(signed_in, fleet):
     pages = {detail: ["/drain/", "Scale in a region"],
              f"/plans/{fleet.plan.pk}/": ["/approve/", "/reject/"],
              "/plans/": ["Propose a plan"],
-             "/tenants/acme/": ["Create a key", "/revoke/"]}
+             "/tenants/acme/": ["Create a key", "/revoke/"],
+             "/failover/": ["Start a drill"]}
     viewer = signed_in(Role.VIEWER)
     for url, markers in pages.items():
         html = viewer.get(url).content.decode()
@@ -193,6 +195,7 @@ def _forged_posts(fleet: Fleet) -> dict[str, dict[str, str]]:
         "/plans/propose/": {},
         "/tenants/acme/keys/": {"name": "forged", "tier": "interactive"},
         f"/keys/{key.pk}/revoke/": {},
+        "/failover/drill/": {"region": "aws:eu-central-1", "confirm": "yes"},
     }
 
 

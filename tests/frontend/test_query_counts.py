@@ -26,7 +26,7 @@ def _pages(fleet: Fleet) -> list[str]:
         "/deployments/", deployment, deployment + "replicas/", deployment + "?replicas=all",
         "/plans/", f"/plans/{fleet.plan.pk}/",
         "/routing/", "/routing/edges/", f"/routing/{fleet.edges[0].name}/diff/",
-        "/events/", "/events/?action=replica.ready",
+        "/events/", "/events/?action=replica.ready", "/failover/",
         "/alerts/", "/alerts/?rule=region_down&severity=critical",
         "/costs/", "/costs/?period=24h",
         "/tenants/", "/tenants/acme/",

@@ -1,0 +1,353 @@
+"""A region dies under load: what clients see, and how fast each layer of Meridian reacts.
+
+Starts the whole lab (`python -m controlplane.lab`: control plane, workers, beat, three local
+regions with two enginesim replicas each, two edges) against a database and Redis database
+of its own, then runs two drills under a steady, bounded load of streaming and non-streaming
+chat requests sent through an edge:
+
+1. normal: every replica of the edge's own region is killed (SIGKILL of engine and relay,
+   through the drill API), with the edge's passive ejection as shipped;
+2. no_ejection: the same in the other edge's region, after the routing policy has set
+   `eject_after_failures` to its maximum (100), so passive ejection never fires; the edge's
+   active /health probes and the control plane's failover remain.
+
+Per run: requests that failed at the client before their first byte (must be zero) and
+streams cut mid-way, seconds from the kill to the last client error, to tables without the
+region on every edge (polled from each edge's /admin/replicas), and to replacements ready
+(the incident's timeline); TTFT p95 before the kill, until the replacements are ready, and
+after.
+
+    python bench/failover.py [--quick]
+
+Progress on stderr; one JSON line last on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "llama-3.1-8b"
+
+
+def log(message: str) -> None:
+    print(f"[failover] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_edge_base() -> int:
+    for _ in range(100):
+        base = free_port()
+        if base > 60000:
+            continue
+        ports = [base, base + 1, base + 10, base + 11]
+        try:
+            for port in ports:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free edge ports")
+
+
+def api(method: str, url: str, token: str, body: dict[str, Any] | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+# -- the lab ----------------------------------------------------------------------------------
+
+@dataclass
+class Lab:
+    process: subprocess.Popen[str]
+    base: str
+    token: str
+    demo_key: str
+    edges: dict[str, tuple[str, str]]  # region key → (client URL, admin URL)
+    database: str
+    database_url: str
+
+
+def start_lab(var_dir: Path) -> Lab:
+    web = free_port()
+    edge_base = free_edge_base()
+    default_db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
+    name = f"meridian_bench_failover_{web}"
+    database_url = urlunsplit(urlsplit(default_db)._replace(path=f"/{name}"))
+    env = {**os.environ, "DATABASE_URL": database_url,
+           "REDIS_URL": os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + web % 15}"),
+           "MERIDIAN_BEAT_STALE_S": "60"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
+         str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region", "2"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    token = None
+    deadline = time.monotonic() + 240
+    while token is None:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line and process.poll() is not None:
+            raise RuntimeError("the lab exited while starting")
+        if time.monotonic() > deadline:
+            raise RuntimeError("the lab did not start in 240 s")
+        if "API token" in line:
+            token = line.split()[-1]
+    # Drain the lab's output so that it never blocks on a full pipe.
+    threading.Thread(target=process.stdout.read, daemon=True).start()  # type: ignore[union-attr]
+    base = f"http://127.0.0.1:{web}"
+    edges = {"local:eu-frankfurt": (f"http://127.0.0.1:{edge_base}",
+                                    f"http://127.0.0.1:{edge_base + 10}"),
+             "local:us-virginia": (f"http://127.0.0.1:{edge_base + 1}",
+                                   f"http://127.0.0.1:{edge_base + 11}")}
+    demo_key = (var_dir / "lab" / "demo-api-key").read_text().strip()
+    return Lab(process, base, token, demo_key, edges, name, database_url)
+
+
+def stop_lab(lab: Lab) -> None:
+    try:
+        os.killpg(lab.process.pid, signal.SIGINT)
+        lab.process.wait(timeout=90)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(lab.process.pid, signal.SIGKILL)
+    import psycopg
+
+    params = urlsplit(lab.database_url)
+    with psycopg.connect(host=params.hostname, port=params.port or 5432,
+                         user=params.username or "postgres", dbname="postgres",
+                         autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{lab.database}" WITH (FORCE)')
+
+
+def wait_ready(lab: Lab, replicas: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            rows = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
+                       lab.token)["results"]
+            tables_ok = all(
+                len(_edge_replicas(admin)) >= replicas for _, admin in lab.edges.values())
+            if len(rows) >= replicas and tables_ok:
+                return
+        except (OSError, urllib.error.URLError, KeyError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"fewer than {replicas} replicas ready after {timeout_s:.0f} s")
+
+
+def _edge_replicas(admin: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{admin}/admin/replicas", timeout=2) as response:
+        return list(json.loads(response.read())["replicas"])
+
+
+# -- load -------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    started: float
+    stream: bool
+    first_byte: float | None = None
+    ended: float = 0.0
+    ok: bool = False
+    detail: str = ""
+
+    @property
+    def failed_before_first_byte(self) -> bool:
+        return not self.ok and self.first_byte is None
+
+    @property
+    def cut(self) -> bool:
+        return not self.ok and self.first_byte is not None
+
+
+@dataclass
+class Load:
+    url: str
+    key: str
+    concurrency: int
+    outcomes: list[Outcome] = field(default_factory=list)
+    running: bool = True
+
+    async def one(self, session: aiohttp.ClientSession, i: int) -> None:
+        stream = i % 2 == 0
+        body = {"model": MODEL, "max_tokens": 24, "stream": stream,
+                "messages": [{"role": "user", "content": f"request {i}: say something"}]}
+        outcome = Outcome(time.time(), stream)
+        try:
+            async with session.post(f"{self.url}/v1/chat/completions", json=body,
+                                    headers={"Authorization": f"Bearer {self.key}"},
+                                    timeout=aiohttp.ClientTimeout(total=30)) as response:
+                if response.status != 200:
+                    outcome.detail = f"HTTP {response.status}: {(await response.text())[:120]}"
+                elif stream:
+                    done = False
+                    async for chunk in response.content.iter_any():
+                        if outcome.first_byte is None:
+                            outcome.first_byte = time.time()
+                        done = done or b"[DONE]" in chunk
+                    outcome.ok = done
+                    outcome.detail = "" if done else "stream ended without [DONE]"
+                else:
+                    payload = await response.read()
+                    outcome.first_byte = time.time()
+                    outcome.ok = b'"choices"' in payload
+                    outcome.detail = "" if outcome.ok else payload[:120].decode(errors="replace")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            outcome.detail = f"{type(exc).__name__}: {exc}"[:160]
+        outcome.ended = time.time()
+        self.outcomes.append(outcome)
+
+    async def worker(self, session: aiohttp.ClientSession, w: int) -> None:
+        i = w
+        while self.running:
+            await self.one(session, i)
+            i += self.concurrency
+
+    async def run(self, stop: asyncio.Event) -> None:
+        connector = aiohttp.TCPConnector(limit=self.concurrency * 2)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            tasks = [asyncio.create_task(self.worker(session, w)) for w in range(self.concurrency)]
+            await stop.wait()
+            self.running = False
+            await asyncio.gather(*tasks)
+
+
+def p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 4)
+
+
+# -- one drill --------------------------------------------------------------------------------
+
+async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s: float,
+                timeout_s: float) -> dict[str, Any]:
+    client_url, _ = lab.edges[region]
+    load = Load(client_url, lab.demo_key, concurrency)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(load.run(stop))
+    await asyncio.sleep(warm_s)
+    log(f"  {len(load.outcomes)} requests in {warm_s:.0f} s of warm-up; killing {region}")
+    incident = await asyncio.to_thread(api, "POST", f"{lab.base}/api/v1/incidents/drill/",
+                                       lab.token, {"region": region})
+    started = _iso(incident["started_at"])
+    tables_at = await _tables_without(lab, region, started, timeout_s)
+    log(f"  every edge's table is without {region} at +{tables_at - started:.2f} s")
+    ready_at = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        detail = await asyncio.to_thread(api, "GET", f"{lab.base}/api/v1/incidents/"
+                                         f"{incident['id']}/", lab.token)
+        if detail["replacement_ready_at"]:
+            ready_at = _iso(detail["replacement_ready_at"])
+            break
+        await asyncio.sleep(0.25)
+    log("  replacements ready at " + (f"+{ready_at - started:.2f} s" if ready_at else "— (timed out)"))
+    await asyncio.sleep(after_s)
+    stop.set()
+    await runner
+    failures = [o for o in load.outcomes if not o.ok]
+    ttft = {"before": [], "during": [], "after": []}
+    for o in load.outcomes:
+        if o.ok and o.first_byte is not None:
+            phase = ("before" if o.started < started else
+                     "during" if ready_at is None or o.started < ready_at else "after")
+            ttft[phase].append(o.first_byte - o.started)
+    last_error = max((o.ended for o in failures), default=None)
+    result = {
+        "region": region, "requests": len(load.outcomes),
+        "failed_before_first_byte": sum(o.failed_before_first_byte for o in failures),
+        "streams_cut": sum(o.cut for o in failures),
+        "s_to_last_error": None if last_error is None else round(max(last_error - started, 0.0), 3),
+        "s_to_tables_pushed": round(tables_at - started, 3),
+        "s_to_replacement_ready": None if ready_at is None else round(ready_at - started, 3),
+        "ttft_p95_s": {phase: p95(values) for phase, values in ttft.items()},
+        "errors": sorted({o.detail for o in failures})[:5],
+    }
+    log(f"  {result['requests']} requests: {result['failed_before_first_byte']} failed before "
+        f"the first byte, {result['streams_cut']} streams cut; last error at "
+        f"{result['s_to_last_error']} s")
+    return result
+
+
+def _iso(value: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+async def _tables_without(lab: Lab, region: str, since: float, timeout_s: float) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        tables = await asyncio.gather(*(asyncio.to_thread(_edge_replicas, admin)
+                                        for _, admin in lab.edges.values()))
+        if all(all(r["region"] != region for r in rows) for rows in tables):
+            return time.time()
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"edges still route to {region} after {timeout_s:.0f} s")
+
+
+def set_ejection(lab: Lab, after_failures: int) -> None:
+    policy = api("GET", f"{lab.base}/api/v1/routing-policy/", lab.token)["results"][0]
+    api("PATCH", f"{lab.base}/api/v1/routing-policy/{policy['id']}/", lab.token,
+        {"eject_after_failures": after_failures})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=None)
+    args = parser.parse_args()
+    concurrency = args.concurrency or (8 if args.quick else 24)
+    warm_s, after_s = (4.0, 3.0) if args.quick else (15.0, 15.0)
+    with tempfile.TemporaryDirectory(prefix="meridian-failover-") as tmp:
+        log("starting the lab (3 local regions × 2 replicas, 2 edges)")
+        started = time.monotonic()
+        lab = start_lab(Path(tmp))
+        try:
+            wait_ready(lab, 6)
+            log(f"lab ready in {time.monotonic() - started:.0f} s")
+            log("run 1 (normal): kill local:eu-frankfurt under load through edge-eu")
+            normal = asyncio.run(drill(lab, "local:eu-frankfurt", concurrency, warm_s, after_s, 90))
+            log("run 2 (no_ejection): passive ejection off; kill local:us-virginia via edge-us")
+            set_ejection(lab, 100)
+            time.sleep(2)  # the policy reaches the edges with the next table
+            bare = asyncio.run(drill(lab, "local:us-virginia", concurrency, warm_s, after_s, 90))
+        finally:
+            stop_lab(lab)
+    print(json.dumps({"benchmark": "failover", "quick": args.quick, "concurrency": concurrency,
+                      **{k: v for k, v in normal.items() if k != "errors"},
+                      "runs": {"normal": normal, "no_ejection": bare},
+                      "targets": {"failed_before_first_byte": 0, "s_to_last_error": 2.0,
+                                  "s_to_tables_pushed": 2.0}}))
+
+
+if __name__ == "__main__":
+    main()
