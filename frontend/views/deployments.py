@@ -31,6 +31,7 @@ from frontend.views.common import paginate, query_without_page, render_page
 from regions.models import Offer, Region
 
 EVENT_LIMIT = 25
+SCALING_DECISION_LIMIT = 10
 SERIES_MINUTES = 30
 STATE_RANK = Case(*(When(state=state, then=Value(i)) for i, state in enumerate(fleet.STATE_ORDER)),
                   output_field=IntegerField())
@@ -148,6 +149,8 @@ def _detail_context(request: HttpRequest, deployment: Deployment,
         "query": query_without_page(request),
         "show_all": show_all,
         "events": _events(principal, deployment),
+        "scaling_decisions": list(deployment.scaling_decisions.order_by("-at", "-id")
+                                  [:SCALING_DECISION_LIMIT]),
         "scale_form": scale_form,
         "may_change": principal.has_role(Role.OPERATOR)
         and change_refusal(principal, deployment.tenant_id) is None,
