@@ -73,10 +73,18 @@ class RegionStatus:
     longitude: float
     counts: dict[str, int] = field(default_factory=dict)
     usd_h: Decimal = Decimal(0)
+    observed: str = ""  # the failover loop's verdict when it is not healthy: degraded | down
 
     @property
     def health(self) -> str:
-        return region_health(self.counts)
+        """The worse of what the replica states say and what the failover loop observed
+        (a region whose failed replicas were already replaced elsewhere is still down)."""
+        from_states = region_health(self.counts)
+        if self.observed == DOWN:
+            return DOWN
+        if self.observed == DEGRADED and from_states in (HEALTHY, STARTING, IDLE):
+            return DEGRADED
+        return from_states
 
     @property
     def live(self) -> int:
@@ -155,6 +163,10 @@ def overview(principal: Principal) -> Overview:
     by_region: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_region.setdefault(row["region_id"], []).append(row)
+    from controlplane.failover.models import Health, RegionHealth
+
+    observed = dict(RegionHealth.objects.exclude(state=Health.HEALTHY)
+                    .values_list("region_id", "state"))
     regions = []
     enabled = 0
     for region in (Region.objects.filter(Q(enabled=True) | Q(pk__in=list(by_region)))
@@ -166,6 +178,7 @@ def overview(principal: Principal) -> Overview:
             jurisdiction=region.jurisdiction.code, latitude=region.latitude,
             longitude=region.longitude, counts=sum_states(here),
             usd_h=sum((row["usd_h"] or Decimal(0) for row in here), Decimal(0)),
+            observed=observed.get(region.pk, ""),
         ))
     edges = edge_statuses()
     serving = {r.key for r in regions if r.live}

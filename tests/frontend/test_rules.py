@@ -187,3 +187,14 @@ def test_money_and_time_are_written_for_people():
     assert ago(timezone.now() - timedelta(minutes=12, seconds=5)) == "12 min ago"
     assert ago(None) == "never"
     assert str(counts({"ready": 2})) == '<span class="badge state-ready">2 ready</span>'
+
+
+@pytest.mark.parametrize(("states", "observed", "health"), [
+    ({}, "down", "down"),  # failed replicas replaced elsewhere: the region is still down
+    ({"ready": 2}, "degraded", "degraded"),
+    ({"failed": 2}, "degraded", "down"),  # the worse of the two
+    ({"ready": 2}, "", "healthy"),
+])
+def test_the_failover_loops_verdict_can_only_make_a_region_look_worse(states, observed, health):  # type: ignore[no-untyped-def]
+    region = RegionStatus("aws:x", "X", "AWS", "EU", 0.0, 0.0, counts=states, observed=observed)
+    assert region.health == health
