@@ -23,9 +23,10 @@ from controlplane.costs.models import CostRollup
 
 def _tenant_name(principal: Principal) -> str | None:
     """None for platform staff (every row), else the caller's tenant's name."""
-    if principal.is_platform:
+    if principal.tenant_id is None:  # platform staff
         return None
-    return Tenant.objects.filter(pk=principal.tenant_id).values_list("name", flat=True).first() or ""
+    rows = Tenant.objects.filter(id=principal.tenant_id)
+    return rows.values_list("name", flat=True).first() or ""
 
 
 class CostQuerySerializer(serializers.Serializer):
@@ -159,7 +160,7 @@ class BudgetViewSet(viewsets.ViewSet):
     def _tenants(self, request: Request) -> QuerySet[Tenant]:
         principal = principal_for(request.user)
         rows = Tenant.objects.order_by("name")
-        return rows if principal.is_platform else rows.filter(pk=principal.tenant_id)
+        return rows if principal.tenant_id is None else rows.filter(id=principal.tenant_id)
 
     @extend_schema(responses=BudgetSerializer(many=True))
     def list(self, request: Request) -> Response:

@@ -498,7 +498,7 @@ def budget_statuses(tenants: Sequence[Tenant], now: datetime | None = None
     recent_s = (now - hour_of(recent_from)).total_seconds()
     out = []
     for tenant in tenants:
-        row = sums.get(tenant.name, {})
+        row: Mapping[str, Any] = sums.get(tenant.name, {})
         spent = float(row.get("spent") or 0)
         recent = float(row.get("recent") or 0)
         budget = float(tenant.monthly_budget_usd) if tenant.monthly_budget_usd is not None else None

@@ -66,15 +66,9 @@ def _budgets(principal: Any, now: datetime) -> tuple[list[dict[str, Any]], int]:
     tenants = tenants.filter(Q(monthly_budget_usd__isnull=False) | Q(name__in=spenders))
     chosen = list(tenants[:BUDGET_ROWS + 1])
     more = max(len(chosen) - BUDGET_ROWS, 0)
-    rows = []
-    for status in services.budget_statuses(chosen[:BUDGET_ROWS], now):
-        rows.append({
-            "status": status,
-            # Bar widths in % of the larger of the budget and the projection.
-            "scale": _bar_scale(status),
-        })
-    rows.sort(key=lambda r: (-(r["status"].projected_fraction or -1), r["status"].tenant))
-    return rows, more
+    statuses = sorted(services.budget_statuses(chosen[:BUDGET_ROWS], now),
+                      key=lambda b: (-(b.projected_fraction or -1), b.tenant))
+    return [{"status": status, "scale": _bar_scale(status)} for status in statuses], more
 
 
 def _bar_scale(status: services.BudgetStatus) -> dict[str, float]:
@@ -99,8 +93,8 @@ def costs(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     since, until, bucket = window(period, now)
     tenant_name = None
-    if not principal.is_platform:
-        tenant_name = (Tenant.objects.filter(pk=principal.tenant_id)
+    if principal.tenant_id is not None:
+        tenant_name = (Tenant.objects.filter(id=principal.tenant_id)
                        .values_list("name", flat=True).first() or "")
     rows = services.rollups_for(tenant_name).filter(hour__gte=since, hour__lt=until)
     by_model = services.summarize(rows, "model")
