@@ -11,14 +11,16 @@ from controlplane.alerts.rules import DEFAULTS
 from controlplane.core.admin import ReadOnlyAdmin
 from controlplane.core.admin_audit import AuditedAdmin
 
+DELIVERY_FIELDS = ("event", "state", "attempts", "response_status", "last_error", "created_at",
+                   "delivered_at")
+
 
 class AlertDeliveryInline(admin.TabularInline):
     model = AlertDelivery
     extra = 0
     can_delete = False
-    fields = ["event", "state", "attempts", "response_status", "last_error", "created_at",
-              "delivered_at"]
-    readonly_fields = fields
+    fields = DELIVERY_FIELDS
+    readonly_fields = DELIVERY_FIELDS
 
     def has_add_permission(self, request: Any, obj: Any = None) -> bool:
         return False

@@ -20,7 +20,8 @@ from controlplane.core.services import principal_for
 
 
 class AlertSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    tenant: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
     rule_display = serializers.CharField(source="get_rule_display", read_only=True)
     duration_s = serializers.SerializerMethodField()
 

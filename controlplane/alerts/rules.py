@@ -96,7 +96,7 @@ class DeploymentLatency:
     p95_ms: Mapping[str, float]  # replica label → p95 in ms, replicas with data only
 
 
-LATENCY_NAMES = {Rule.TTFT_SLO: "TTFT", Rule.ITL_SLO: "ITL"}
+LATENCY_NAMES: dict[str, str] = {Rule.TTFT_SLO: "TTFT", Rule.ITL_SLO: "ITL"}
 
 
 def latency_slo(rule: str, deployments: Iterable[DeploymentLatency], limits: Thresholds

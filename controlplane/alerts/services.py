@@ -151,9 +151,9 @@ def model_traffic(now: datetime, window_s: int) -> list[rules.ModelTraffic]:
     totals = rules.traffic_by_model(
         (requests, older.get(edge_id)) for edge_id, requests in newer.items())
     owners: dict[str, set[int | None]] = {}
-    for served, tenant_id in Deployment.objects.filter(
+    for served, owner in Deployment.objects.filter(
             served_model_name__in=list(totals)).values_list("served_model_name", "tenant_id"):
-        owners.setdefault(served, set()).add(tenant_id)
+        owners.setdefault(served, set()).add(owner)
     out = []
     for model, (requests, errors) in sorted(totals.items()):
         tenants = owners.get(model, set())
@@ -194,8 +194,9 @@ def budget_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findin
     from controlplane.costs.services import month_to_date_usd
 
     spend = [
-        rules.TenantSpend(tenant=t.name, tenant_id=t.pk, budget_usd=float(t.monthly_budget_usd),
-                          spent_usd=float(month_to_date_usd(t, now=now)))
+        rules.TenantSpend(
+            tenant=t.name, tenant_id=t.pk, spent_usd=float(month_to_date_usd(t, now=now)),
+            budget_usd=float(t.monthly_budget_usd) if t.monthly_budget_usd is not None else None)
         for t in Tenant.objects.filter(monthly_budget_usd__isnull=False)
     ]
     return rules.budget(spend, limits[Rule.BUDGET])
@@ -456,7 +457,7 @@ def undelivered(older_than: timedelta = timedelta(minutes=10)) -> list[int]:
 def visible(principal: Principal, queryset: QuerySet[Alert] | None = None) -> QuerySet[Alert]:
     """Alerts a principal may read: all for platform staff, else its tenant's own."""
     rows = queryset if queryset is not None else Alert.objects.all()
-    return rows if principal.is_platform else rows.filter(tenant_id=principal.tenant_id)
+    return rows if principal.is_platform else rows.filter(Q(tenant_id=principal.tenant_id))
 
 
 def open_counts(principal: Principal) -> dict[str, int]:

@@ -59,7 +59,7 @@ def acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(services.visible(principal), pk=pk)  # another tenant's: 404
     form = AcknowledgeForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Nothing done: the note " + " ".join(form.errors["note"]))
+        messages.error(request, "Nothing done: the note " + " ".join(str(e) for e in form.errors["note"]))
         return redirect("frontend:alerts")
     try:
         services.acknowledge(alert.pk, principal.username, form.cleaned_data["note"])

@@ -129,3 +129,24 @@ def test_page_queries_do_not_grow_with_alerts(sign_in, alerts):  # type: ignore[
         _alert(Rule.QUOTA_EXHAUSTED, f"r{i}/H100", age_s=i + 10)
         _alert(Rule.BUDGET, f"t{i}", age_s=i + 10, resolved_after_s=5)
     assert count() == small <= 12
+
+
+def test_admin_lists_alerts_and_validates_rule_settings(client, alerts):  # type: ignore[no-untyped-def]
+    from django.contrib.auth import get_user_model
+
+    from controlplane.alerts.models import RuleSetting
+    from controlplane.core.models import AuditLog
+
+    client.force_login(get_user_model().objects.create_superuser("root", "root@example.org",
+                                                                 "pw-root"))
+    assert client.get("/admin/alerts/alert/").status_code == 200
+    assert client.get(f"/admin/alerts/alert/{alerts['crit'].pk}/change/").status_code == 200
+    add = "/admin/alerts/rulesetting/add/"
+    response = client.post(add, {"rule": "budget", "enabled": "on", "warning": "1.5"})
+    assert response.status_code == 200
+    assert "Must be at least the warning threshold (1.5)" in response.content.decode()
+    response = client.post(add, {"rule": "budget", "enabled": "on", "warning": "0.5"})
+    assert response.status_code == 302
+    assert RuleSetting.objects.get().warning == 0.5
+    assert AuditLog.objects.filter(action="create", object_type="alerts.rulesetting").exists()
+    assert "0.8 / 1.0 / 0 s / 60 s" in client.get("/admin/alerts/rulesetting/").content.decode()
