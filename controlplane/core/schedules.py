@@ -29,6 +29,7 @@ SCHEDULES: tuple[Schedule, ...] = (
     Schedule("cost rollup", "costs.rollup", 60),
     Schedule("failover watch", "failover.watch", 1),
     Schedule("alerts evaluate", "alerts.evaluate", 10),
+    Schedule("placement replan", "placement.replan", 300),
     Schedule("refresh offer prices", "regions.refresh_offers", 3600, queue="provision"),
 )
 

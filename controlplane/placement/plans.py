@@ -115,6 +115,8 @@ def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
     ).exclude(state=S.DRAINING)
     if change.offer_id:
         candidates = candidates.filter(offer_id=change.offer_id)
+    else:  # replicas whose offer is gone: drain those, not their neighbours
+        candidates = candidates.filter(offer__isnull=True)
     chosen = list(candidates.order_by("created_at")[: change.count])
     reason = f"plan {plan.pk}: {change.reason}"
     for replica in chosen:

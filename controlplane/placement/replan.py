@@ -1,0 +1,452 @@
+"""The periodic replan: look for broken rules, solve the fleet, and propose only when it pays.
+
+Every run (`placement.replan`, under an advisory lock):
+
+1. finds the rules running replicas break — a region disabled (or its cloud), a region whose
+   RegionHealth is down, an offer that no longer exists, a region outside the deployment's
+   jurisdictions, a quota pool running more GPUs than its limit, a price that moved since the
+   plan that placed the replica;
+2. solves the whole fleet (offers in down regions are not options, so replicas there must go);
+3. stores a Plan only when it changes something and either a rule is broken or the saving
+   passes both thresholds (absolute $/h and a fraction of today's $/h); a plan identical to
+   the one already proposed is kept, not repeated, and one an operator rejected recently is
+   not proposed again;
+4. supersedes (rejects with the reason) older proposed plans for the same scope;
+5. approves and applies the plan as `system:replan` when every deployment it changes allows
+   `auto_apply_plans` — through `plans.approve`/`plans.start_apply`, so make-before-break
+   holds — and otherwise leaves it for an operator.
+
+Thresholds come from the environment, read per run: MERIDIAN_REPLAN_MIN_SAVING_USD_H (1.0),
+MERIDIAN_REPLAN_MIN_SAVING_FRACTION (0.05), MERIDIAN_REPLAN_PRICE_CHANGE_FRACTION (0.02),
+MERIDIAN_REPLAN_REJECTED_COOLDOWN_H (24).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.core.services import record_audit
+from controlplane.deployments.lifecycle import LIVE_STATES
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.env import env_float
+from controlplane.failover.models import Health, RegionHealth
+from controlplane.placement import plans
+from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+from controlplane.placement.proposals import (
+    deployment_request,
+    offer_options,
+    quota_left,
+    store_plan,
+)
+from controlplane.placement.solver import (
+    CandidateIndex,
+    ExistingReplica,
+    OfferOption,
+    PlacementProblem,
+    PlacementResult,
+    solve,
+)
+from regions.models import Quota, Region
+
+ACTOR = "system:replan"
+IN_FLIGHT = (PlanStatus.APPLYING,)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_saving_usd_h: float = 1.0
+    min_saving_fraction: float = 0.05
+    price_change_fraction: float = 0.02
+    rejected_cooldown: timedelta = timedelta(hours=24)
+
+    @classmethod
+    def from_env(cls) -> Thresholds:
+        return cls(
+            env_float("MERIDIAN_REPLAN_MIN_SAVING_USD_H", cls.min_saving_usd_h),
+            env_float("MERIDIAN_REPLAN_MIN_SAVING_FRACTION", cls.min_saving_fraction),
+            env_float("MERIDIAN_REPLAN_PRICE_CHANGE_FRACTION", cls.price_change_fraction),
+            timedelta(hours=env_float("MERIDIAN_REPLAN_REJECTED_COOLDOWN_H", 24.0)),
+        )
+
+    def saving_passes(self, before: float, after: float) -> bool:
+        saving = before - after
+        return (saving >= self.min_saving_usd_h and before > 0
+                and saving / before >= self.min_saving_fraction)
+
+
+@dataclass(frozen=True)
+class BrokenRule:
+    kind: str  # region_disabled | region_down | offer_missing | jurisdiction | quota | price
+    detail: str
+    deployment: str = ""
+    region: str = ""
+    replicas: tuple[int, ...] = ()
+
+
+@dataclass
+class ReplanOutcome:
+    action: str  # proposed | applied | unchanged | none | skipped | infeasible
+    reason: str
+    broken: list[BrokenRule] = field(default_factory=list)
+    cost_before_usd_h: float = 0.0
+    cost_after_usd_h: float = 0.0
+    plan: Plan | None = None
+    superseded: list[int] = field(default_factory=list)
+
+    @property
+    def saving_usd_h(self) -> float:
+        return self.cost_before_usd_h - self.cost_after_usd_h
+
+    def summary(self) -> dict[str, Any]:
+        return {"action": self.action, "reason": self.reason,
+                "plan": self.plan.pk if self.plan else None,
+                "broken": [b.kind for b in self.broken], "superseded": self.superseded,
+                "cost_before_usd_h": round(self.cost_before_usd_h, 4),
+                "cost_after_usd_h": round(self.cost_after_usd_h, 4)}
+
+
+# -- broken rules -----------------------------------------------------------------------------
+
+def _live(deployments: list[Deployment]) -> list[Replica]:
+    return list(Replica.objects.filter(deployment__in=deployments, state__in=LIVE_STATES)
+                .exclude(state=S.DRAINING)
+                .select_related("deployment", "region__cloud", "offer__gpu_type",
+                                "offer__region__cloud"))
+
+
+def down_regions() -> dict[int, str]:
+    return dict(RegionHealth.objects.filter(state=Health.DOWN).values_list("region_id", "reason"))
+
+
+def plan_prices(replica_ids: list[int]) -> dict[int, float]:
+    """$/h per replica as priced by the newest plan that added it."""
+    wanted = set(replica_ids)
+    prices: dict[int, float] = {}
+    changes = PlanChange.objects.filter(
+        action=ChangeAction.ADD, plan__status__in=(PlanStatus.APPLYING, PlanStatus.APPLIED),
+        count__gt=0).exclude(replica_ids=[]).order_by("plan_id", "id")
+    for change in changes.only("replica_ids", "usd_h_delta", "count"):
+        each = float(change.usd_h_delta) / change.count
+        for pk in change.replica_ids:
+            if pk in wanted:
+                prices[pk] = each
+    return prices
+
+
+def find_broken_rules(deployments: list[Deployment], options: tuple[OfferOption, ...],
+                      thresholds: Thresholds) -> list[BrokenRule]:
+    """Every rule the running replicas of `deployments` break, grouped per deployment/region."""
+    replicas = _live(deployments)
+    down = down_regions()
+    groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
+    allowed = {d.pk: {j.pk for j in d.allowed_jurisdictions.all()} for d in deployments}
+    for r in replicas:
+        region, name = r.region.key, r.deployment.name
+        if not r.region.enabled or not r.region.cloud.enabled:
+            what = "region" if not r.region.enabled else f"cloud {r.region.cloud.name}"
+            groups[("region_disabled", name, region, f"{region}: {what} disabled")].append(r.pk)
+        elif r.region_id in down:
+            why = down[r.region_id] or "no healthy replicas"
+            groups[("region_down", name, region, f"{region} is down ({why})")].append(r.pk)
+        if r.offer_id is None:
+            groups[("offer_missing", name, region,
+                    f"no offer behind it in {region} any more")].append(r.pk)
+        if r.region.jurisdiction_id not in allowed.get(r.deployment_id, set()):
+            groups[("jurisdiction", name, region,
+                    f"{region} is outside the jurisdictions {name} allows")].append(r.pk)
+    broken = [BrokenRule(kind, detail, name, region, tuple(pks))
+              for (kind, name, region, detail), pks in groups.items()]
+    shapes = _Shapes(deployments, options)
+    broken += _quota_broken(replicas, shapes)
+    broken += _price_broken(replicas, shapes, thresholds)
+    return broken
+
+
+class _Shapes:
+    """Nodes per replica from the capacity model, for the offers that are options."""
+
+    def __init__(self, deployments: list[Deployment], options: tuple[OfferOption, ...]) -> None:
+        self.options = {o.id: o for o in options}
+        self.requests = {d.pk: deployment_request(d) for d in deployments}
+        self.index = CandidateIndex(options)
+
+    def nodes(self, r: Replica) -> int:
+        o = self.options.get(r.offer_id) if r.offer_id else None
+        d = self.requests.get(r.deployment_id)
+        shape = self.index.shape(d, o) if o is not None and d is not None else None
+        return shape.nodes if shape else 1
+
+
+def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:
+    ours: Counter[tuple[int, int]] = Counter()
+    who: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for r in replicas:
+        if r.offer_id:
+            key = (r.region_id, r.offer.gpu_type_id)
+            ours[key] += r.offer.gpus_per_node * shapes.nodes(r)
+            who[key].append(r.pk)
+    if not ours:
+        return []
+    mine = {r.pk for r in replicas}
+    everyone = Counter(ours)
+    for r in Replica.objects.filter(state__in=LIVE_STATES, offer__isnull=False).exclude(
+            pk__in=mine).select_related("offer"):
+        everyone[(r.region_id, r.offer.gpu_type_id)] += r.offer.gpus_per_node * shapes.nodes(r)
+    out = []
+    for q in Quota.objects.filter(region_id__in={k[0] for k in ours}).select_related(
+            "region__cloud", "gpu_type"):
+        key = (q.region_id, q.gpu_type_id)
+        if key not in ours:
+            continue
+        used = max(q.in_use_gpus, everyone[key])
+        if used > q.limit_gpus:
+            out.append(BrokenRule(
+                "quota", f"{q.region.key} runs {used} {q.gpu_type.name} GPUs under a quota of "
+                f"{q.limit_gpus}", "", q.region.key, tuple(sorted(who[key]))))
+    return out
+
+
+def _price_broken(replicas: list[Replica], shapes: _Shapes, thresholds: Thresholds
+                  ) -> list[BrokenRule]:
+    then = plan_prices([r.pk for r in replicas])
+    if not then:
+        return []
+    moved: dict[tuple[str, str, str], list[tuple[int, float, float]]] = defaultdict(list)
+    for r in replicas:
+        o = shapes.options.get(r.offer_id) if r.offer_id else None
+        if r.pk not in then or o is None:
+            continue
+        nodes = shapes.nodes(r)
+        per_node = o.spot_usd_h if r.spot and o.spot_usd_h is not None else o.on_demand_usd_h
+        now, was = per_node * nodes, then[r.pk]
+        if was > 0 and abs(now - was) / was > thresholds.price_change_fraction:
+            moved[(r.deployment.name, r.region.key, o.label)].append((r.pk, was, now))
+    return [BrokenRule("price", f"{label}: ${rows[0][1]:.2f}/h when placed, ${rows[0][2]:.2f}/h "
+                       "now", name, region, tuple(pk for pk, _, _ in rows))
+            for (name, region, label), rows in moved.items()]
+
+
+# -- the problem and the run ------------------------------------------------------------------
+
+def build_problem(deployments: list[Deployment], options: tuple[OfferOption, ...]
+                  ) -> PlacementProblem:
+    """Like proposals.build_problem, but draining replicas are leaving already: they are not
+    kept by the plan, and the GPUs they still hold are not offered to it."""
+    ids = [d.pk for d in deployments]
+    quota = quota_left(ids)
+    draining: Counter[tuple[str, str]] = Counter()
+    for r in Replica.objects.filter(deployment_id__in=ids, state=S.DRAINING,
+                                    offer__isnull=False).select_related(
+            "region__cloud", "offer__gpu_type"):
+        draining[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
+    for pool, gpus in draining.items():
+        if pool in quota:
+            quota[pool] = max(quota[pool] - gpus, 0)
+    counts: Counter[tuple[int, int, bool]] = Counter()
+    for r in Replica.objects.filter(deployment_id__in=ids, state__in=LIVE_STATES,
+                                    offer__isnull=False).exclude(state=S.DRAINING):
+        counts[(r.deployment_id, r.offer_id, r.spot)] += 1
+    existing = tuple(ExistingReplica(d, o, s, n) for (d, o, s), n in counts.items())
+    return PlacementProblem(tuple(deployment_request(d) for d in deployments), options, quota,
+                            existing)
+
+
+def _signature(changes: list[tuple[int, str, int | None, int, bool, int]]) -> list[list[Any]]:
+    return sorted([list(c) for c in changes], key=repr)
+
+
+def _result_signature(result: PlacementResult, broken: list[BrokenRule]) -> list[list[Any]]:
+    rows = [(c.deployment_id, c.action, c.offer_id, 0, c.spot, c.count) for c in result.changes]
+    return _signature(rows + _orphan_rows(broken))
+
+
+def _orphan_rows(broken: list[BrokenRule]) -> list[tuple[int, str, int | None, int, bool, int]]:
+    """Removals for replicas whose offer is gone (the solver cannot see them)."""
+    rows = []
+    orphans = Replica.objects.filter(pk__in=[pk for b in broken if b.kind == "offer_missing"
+                                             for pk in b.replicas])
+    grouped: Counter[tuple[int, int, bool]] = Counter(
+        (r.deployment_id, r.region_id, r.spot) for r in orphans)
+    for (deployment_id, region_id, spot), n in sorted(grouped.items()):
+        rows.append((deployment_id, "remove", None, region_id, spot, n))
+    return rows
+
+
+def _plan_signature(plan: Plan) -> list[list[Any]]:
+    rows = [(c.deployment_id, c.action, c.offer_id, 0 if c.offer_id else c.region_id, c.spot,
+             c.count) for c in plan.changes.all()]
+    return _signature(rows)
+
+
+def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
+    """One replan of the whole fleet; see the module's docstring."""
+    thresholds = thresholds or Thresholds.from_env()
+    deployments = list(Deployment.objects.select_related("model").prefetch_related(
+        "allowed_jurisdictions", "user_regions").order_by("name"))
+    if not deployments:
+        return ReplanOutcome("none", "no deployments")
+    scope = sorted(d.name for d in deployments)
+    busy = Plan.objects.filter(status__in=IN_FLIGHT).order_by("pk").first()
+    if busy is not None:
+        return ReplanOutcome("skipped", f"plan {busy.pk} is {busy.status}; replanning waits")
+
+    down = {r.key for r in Region.objects.filter(pk__in=down_regions()).select_related("cloud")}
+    options = tuple(o for o in offer_options() if o.region not in down)
+    broken = find_broken_rules(deployments, options, thresholds)
+    result = solve(build_problem(deployments, options))
+    outcome = ReplanOutcome("none", "", broken, result.cost_before_usd_h,
+                            result.cost_after_usd_h)
+    orphans = _orphan_rows(broken)
+    if result.status == "infeasible":
+        if not broken:
+            outcome.reason = "no feasible plan, and no rule broken today"
+            return outcome
+    elif not result.changes and not orphans:
+        outcome.reason = "the fleet is where the solver would put it"
+        return outcome
+    elif not broken and not thresholds.saving_passes(result.cost_before_usd_h,
+                                                     result.cost_after_usd_h):
+        outcome.reason = (f"saving ${outcome.saving_usd_h:.2f}/h of "
+                          f"${result.cost_before_usd_h:.2f}/h is below the thresholds "
+                          f"(${thresholds.min_saving_usd_h:.2f}/h and "
+                          f"{thresholds.min_saving_fraction:.0%})")
+        return outcome
+
+    signature = _result_signature(result, broken)
+    infeasible_text = "\n".join(result.explanation)
+    for earlier in _replan_plans(scope, thresholds):
+        same = (_plan_signature(earlier) == signature
+                and (result.status != "infeasible" or earlier.explanation == infeasible_text))
+        if not same:
+            continue
+        if earlier.status == PlanStatus.INFEASIBLE:
+            outcome.action, outcome.plan = "unchanged", earlier
+            outcome.reason = f"plan {earlier.pk} already says why no plan fits"
+            return outcome
+        if earlier.status == PlanStatus.PROPOSED:
+            outcome.plan = earlier
+            with transaction.atomic():
+                if _apply_if_allowed(earlier, outcome):
+                    return outcome
+            outcome.action = "unchanged"
+            outcome.reason = f"plan {earlier.pk} already proposes this; {outcome.reason}"
+            return outcome
+        outcome.action, outcome.plan = "none", earlier
+        outcome.reason = (f"{earlier.reviewed_by} rejected the same changes in plan "
+                          f"{earlier.pk} at {earlier.reviewed_at:%Y-%m-%d %H:%M}")
+        return outcome
+    return _propose(deployments, scope, result, broken, thresholds, outcome)
+
+
+def _replan_plans(scope: list[str], thresholds: Thresholds) -> list[Plan]:
+    """Earlier replan plans for this scope that still stand, or that a person rejected
+    within the cooldown — newest first."""
+    since = timezone.now() - thresholds.rejected_cooldown
+    rows = Plan.objects.filter(trigger__startswith="replan").filter(
+        status__in=(PlanStatus.PROPOSED, PlanStatus.INFEASIBLE, PlanStatus.REJECTED),
+        created_at__gte=since).prefetch_related("changes").order_by("-pk")
+    out = []
+    for plan in rows:
+        if sorted(plan.scope) != scope:
+            continue
+        if plan.status == PlanStatus.REJECTED and plan.reviewed_by.startswith("system:"):
+            continue  # superseded, not refused by a person
+        out.append(plan)
+    return out
+
+
+def _trigger(broken: list[BrokenRule]) -> str:
+    kinds = sorted({b.kind for b in broken})
+    return ("replan:" + ",".join(kinds) if kinds else "replan:saving")[:64]
+
+
+@transaction.atomic
+def _propose(deployments: list[Deployment], scope: list[str], result: PlacementResult,
+             broken: list[BrokenRule], thresholds: Thresholds, outcome: ReplanOutcome
+             ) -> ReplanOutcome:
+    plan = store_plan(result, deployments, ACTOR, _trigger(broken))
+    by_region = _reasons_by_region(broken)
+    _add_orphan_removals(plan, broken)
+    for change in plan.changes.filter(action=ChangeAction.REMOVE).select_related(
+            "region__cloud"):
+        why = by_region.get((change.deployment_id, change.region_id))
+        if why:
+            change.reason = f"{change.count} × in {change.region.key}: {why}"
+            change.save(update_fields=["reason"])
+    figures = {
+        "broken": [asdict(b) for b in broken],
+        "cost_before_usd_h": round(result.cost_before_usd_h, 4),
+        "cost_after_usd_h": round(result.cost_after_usd_h, 4),
+        "saving_usd_h": round(outcome.saving_usd_h, 4),
+        "thresholds": {"min_saving_usd_h": thresholds.min_saving_usd_h,
+                       "min_saving_fraction": thresholds.min_saving_fraction,
+                       "price_change_fraction": thresholds.price_change_fraction},
+    }
+    plan.inputs = {**plan.inputs, "replan": figures}
+    plan.save(update_fields=["inputs"])
+    why = ("; ".join(b.detail for b in broken) if broken
+           else f"saves ${outcome.saving_usd_h:.2f}/h of ${result.cost_before_usd_h:.2f}/h")
+    record_audit(ACTOR, "replan.proposed", plan, changes=figures,
+                 reason=f"{plan.trigger}: {why}"[:2000])
+    outcome.plan = plan
+    if plan.status == PlanStatus.INFEASIBLE:
+        outcome.action, outcome.reason = "infeasible", plan.explanation
+        return outcome
+    for older in Plan.objects.filter(status=PlanStatus.PROPOSED).exclude(pk=plan.pk).order_by(
+            "pk"):
+        if sorted(older.scope) == scope:
+            plans.reject(older.pk, ACTOR, reason=f"superseded by plan {plan.pk}")
+            outcome.superseded.append(older.pk)
+    if not _apply_if_allowed(plan, outcome):
+        outcome.action = "proposed"
+    return outcome
+
+
+def _apply_if_allowed(plan: Plan, outcome: ReplanOutcome) -> bool:
+    """Approve and apply `plan` as system:replan when every deployment it changes allows it."""
+    touched = Deployment.objects.filter(pk__in=plan.changes.values("deployment_id"))
+    manual = sorted(touched.filter(auto_apply_plans=False).values_list("name", flat=True))
+    if manual:
+        outcome.reason = f"waits for an operator: {', '.join(manual)} apply plans by hand"
+        return False
+    plans.approve(plan.pk, ACTOR)
+    outcome.plan = plans.start_apply(plan.pk, ACTOR)
+    outcome.action = "applied"
+    outcome.reason = "every deployment it changes applies plans automatically"
+    return True
+
+
+def _reasons_by_region(broken: list[BrokenRule]) -> dict[tuple[int, int], str]:
+    """The broken rule behind removals, per (deployment, region), for their reasons."""
+    replicas = Replica.objects.filter(pk__in=[pk for b in broken for pk in b.replicas])
+    where = {r.pk: (r.deployment_id, r.region_id) for r in replicas}
+    out: dict[tuple[int, int], str] = {}
+    for b in broken:
+        if b.kind in ("region_disabled", "region_down", "jurisdiction", "offer_missing"):
+            for pk in b.replicas:
+                if pk in where:
+                    out.setdefault(where[pk], b.detail)
+    return out
+
+
+def _add_orphan_removals(plan: Plan, broken: list[BrokenRule]) -> None:
+    orphans = list(Replica.objects.filter(pk__in=[
+        pk for b in broken if b.kind == "offer_missing" for pk in b.replicas]).select_related(
+        "region__cloud"))
+    grouped: dict[tuple[int, int, bool], list[Replica]] = defaultdict(list)
+    for r in orphans:
+        grouped[(r.deployment_id, r.region_id, r.spot)].append(r)
+    for (deployment_id, region_id, spot), rows in sorted(grouped.items()):
+        PlanChange.objects.create(
+            plan=plan, deployment_id=deployment_id, action=ChangeAction.REMOVE,
+            region_id=region_id, offer=None, count=len(rows), spot=spot,
+            usd_h_delta=Decimal("0"),
+            reason=f"{len(rows)} × in {rows[0].region.key}: no offer behind it any more")
