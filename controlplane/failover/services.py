@@ -437,7 +437,8 @@ def start_drill(region: Region, *, actor: str) -> Incident:
     names = [r.public_id for r in victims]
     incident = Incident.objects.create(
         kind=IncidentKind.DRILL, region=region, started_by=actor, started_at=now,
-        summary=f"Drill: kill {len(victims)} replicas in {region.key}")
+        summary=f"Drill: kill {len(victims)} replica{'s' if len(victims) != 1 else ''} "
+                f"in {region.key}")
     record_audit(actor, "failover.drill", incident, reason=incident.summary,
                  changes={"replicas": names})
     provider = get_provider("local")

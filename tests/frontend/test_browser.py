@@ -18,6 +18,7 @@ from controlplane.core.models import AuditLog, Role
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.placement.models import Plan, PlanStatus
+from frontend.views.common import NAV
 from tests.frontend.fleet import Fleet, seed_fleet
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -122,7 +123,7 @@ def test_every_page_renders_without_errors_and_the_map_draws(
     page.open("/login/")
     page.shoot("sign-in")
     page.sign_in("ada")
-    assert page.page.locator("nav[aria-label=Main] a").count() == 7
+    assert page.page.locator("nav[aria-label=Main] a").count() == len(NAV)
 
     page.page.wait_for_selector("#world-map .scattergeo", state="attached")
     assert page.page.locator("#world-map .geolayer").count() == 1
@@ -150,6 +151,9 @@ def test_every_page_renders_without_errors_and_the_map_draws(
         ("routing", "/routing/", "#edge-table table"),
         ("routing-diff", f"/routing/{browser_fleet.edges[0].name}/diff/", ".diff-add"),
         ("events", "/events/", "#events-chart .barlayer"),
+        ("costs", "/costs/", "main h1"),
+        ("alerts", "/alerts/", "main h1"),
+        ("failover", "/failover/", "main h1"),
         ("tenants", "/tenants/", "table"),
         ("tenant", "/tenants/acme/", "table"),
     ]
@@ -231,6 +235,7 @@ def test_viewer_sees_no_action_buttons_and_forged_posts_are_refused(
         f"{detail}scale/": {"region": "aws:eu-central-1", "replicas": "0", "confirm": "yes"},
         f"/plans/{browser_fleet.plan.pk}/approve/": {},
         "/tenants/acme/keys/": {"name": "forged", "tier": "interactive"},
+        "/failover/drill/": {"region": "aws:eu-central-1", "confirm": "yes"},
     }
     for path, form in forged.items():
         assert page.forge_post(path, form) == 403, path
@@ -239,3 +244,37 @@ def test_viewer_sees_no_action_buttons_and_forged_posts_are_refused(
     assert not AuditLog.objects.filter(actor="vera").exists()
     page.open(detail)
     page.shoot("viewer-deployment")
+
+
+def test_operator_starts_a_drill_that_appears_on_the_timeline(
+    tab: Callable[[], Tab], browser_fleet: Fleet, catalog: dict[str, Any],
+    make_user: Callable[..., Any],
+) -> None:
+    from controlplane.failover.models import Incident, IncidentKind
+    from regions.models import Cloud, Region
+
+    cloud = Cloud.objects.create(name="local", display_name="Local lab")
+    lab = Region.objects.create(cloud=cloud, code="eu-frankfurt", display_name="Lab Frankfurt",
+                                latitude=50.1, longitude=8.7, country="DE",
+                                jurisdiction=catalog["eu"])
+    # A replica row with no process behind it: the drill records itself and kills nothing.
+    victim = Replica.objects.create(deployment=browser_fleet.acme, region=lab,
+                                    provider="local", state=S.READY)
+    make_user(Role.OPERATOR, username="olga")
+    page = tab()
+    page.sign_in("olga")
+    page.open("/failover/")
+    page.page.select_option("select[name=region]", "local:eu-frankfurt")
+    page.page.click("button:has-text('Review drill')")
+    page.page.wait_for_selector("text=Nothing has happened yet")
+    assert page.page.locator(f"code:has-text('{victim.public_id}')").count() == 1
+    page.shoot("drill-confirm")
+    page.page.click("button:has-text('Confirm: kill 1 replica')")
+    page.page.wait_for_selector(".message.success")
+    incident = Incident.objects.get(kind=IncidentKind.DRILL)
+    assert incident.started_by == "olga" and incident.region == lab
+    row = page.page.locator("table.data tr", has_text=f"Drill: kill 1 replica in {lab.key}")
+    assert row.count() == 1 and "open" in row.inner_text()
+    page.page.wait_for_selector("#incident-timelines .scatterlayer", state="attached")
+    page.shoot("failover")
+    assert page.problems == []
