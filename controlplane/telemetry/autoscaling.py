@@ -39,6 +39,9 @@ KV_TARGET = 0.75  # a KV breach asks for enough replicas to bring usage back to 
 QUEUE_HIGH = 1.0  # requests waiting per serving replica that count as a breach
 DOWN_UTILISATION = 0.6  # scale down below this share of what one replica fewer holds
 STALE_AFTER_S = 10.0  # samples older than this are not acted on
+# Scrapes are not exactly 2 s apart (beat and the scrape itself jitter): a run of scrapes
+# counts as lasting a window when it falls short of it by no more than this.
+JITTER_S = 0.5
 MAX_DOWN_FRACTION = 0.5  # remove at most half the replicas in one decision
 
 
@@ -61,6 +64,7 @@ class Settings:
     queue_high: float = QUEUE_HIGH
     down_utilisation: float = DOWN_UTILISATION
     stale_after_s: float = STALE_AFTER_S
+    jitter_s: float = JITTER_S
 
     @classmethod
     def of(cls, deployment: Any, **thresholds: Any) -> Settings:
@@ -244,38 +248,38 @@ def _wanted_up(s: Settings, fleet: Fleet, rounds: Sequence[Round], latest: Round
                signals: dict[str, Any]) -> tuple[int, list[str]] | None:
     """The most replicas any sustained signal asks for, with the reasons; None if none does."""
     n, serving = fleet.count, fleet.serving
-    window = s.up_window_s
+    window = s.up_window_s - s.jitter_s
     wants: list[tuple[int, str]] = []
     held = signals["sustained_s"]
 
     demand = demand_replicas(latest.inflight, s)
     t = _held_for(rounds, lambda r: demand_replicas(r.inflight, s) > n)
-    held["inflight"] = t
+    held["inflight"] = round(t, 2)
     if t >= window:
         warm = f" + warm pool {s.warm}" if s.warm else ""
         wants.append((demand, f"in-flight {latest.inflight:g} needs {demand - s.warm} replicas "
-                      f"at {s.target_inflight_per_replica}/replica{warm} for {t:g} s"))
+                      f"at {s.target_inflight_per_replica}/replica{warm} for {t:.0f} s"))
 
     t = _held_for(rounds, lambda r: r.queue_per_replica >= s.queue_high)
-    held["queue"] = t
+    held["queue"] = round(t, 2)
     if t >= window:
         extra = max(1, math.ceil(latest.waiting / s.target_inflight_per_replica))
         wants.append((serving + extra, f"queue {latest.queue_per_replica:.1f} waiting/replica "
-                      f"≥ {s.queue_high:g} for {t:g} s"))
+                      f"≥ {s.queue_high:g} for {t:.0f} s"))
 
     t = _held_for(rounds, lambda r: r.kv_mean >= s.kv_high)
-    held["kv"] = t
+    held["kv"] = round(t, 2)
     if t >= window:
         wanted = max(serving + 1, math.ceil(serving * latest.kv_mean / s.kv_target))
-        wants.append((wanted, f"KV cache {latest.kv_mean:.0%} ≥ {s.kv_high:.0%} for {t:g} s"))
+        wants.append((wanted, f"KV cache {latest.kv_mean:.0%} ≥ {s.kv_high:.0%} for {t:.0f} s"))
 
     since = sustained_since(rounds, lambda r: _ttft_over(r, s))
     t = 0.0 if since is None else latest.at - since
-    held["ttft"] = t
+    held["ttft"] = round(t, 2)
     if t >= window:
         p95 = max((r.ttft_p95_s or 0.0) for r in rounds if r.at >= (since or 0.0))
         wants.append((serving + 1, f"TTFT p95 {p95 * 1000:.0f} ms > SLO "
-                      f"{s.slo_ttft_p95_ms:g} ms for {t:g} s"))
+                      f"{s.slo_ttft_p95_ms:g} ms for {t:.0f} s"))
     if not wants:
         return None
     return max(w for w, _ in wants), [why for _, why in wants]
@@ -302,8 +306,8 @@ def _wanted_down(s: Settings, fleet: Fleet, rounds: Sequence[Round], latest: Rou
 
     since = sustained_since(rounds, low)
     t = 0.0 if since is None else latest.at - since
-    signals["sustained_s"]["low"] = t
-    if t < s.down_window_s:
+    signals["sustained_s"]["low"] = round(t, 2)
+    if t < s.down_window_s - s.jitter_s:
         return None
     peak = max(r.inflight for r in rounds if r.at >= (since or 0.0))
     keep = math.ceil(peak / (s.down_utilisation * target) - 1e-9) + s.warm if peak > 0 else s.warm
@@ -311,11 +315,11 @@ def _wanted_down(s: Settings, fleet: Fleet, rounds: Sequence[Round], latest: Rou
     if after >= n:
         return None
     if after == 0:
-        return 0, f"idle for {t:g} s: batch tier scales to zero"
+        return 0, f"idle for {t:.0f} s: batch tier scales to zero"
     hold_note = f" + warm pool {s.warm}" if s.warm else ""
     return after, (f"in-flight peak {peak:g} below {s.down_utilisation:.0%} of what "
                    f"{n - 1 - s.warm} replica(s){hold_note} hold at {target}/replica "
-                   f"for {t:g} s")
+                   f"for {t:.0f} s")
 
 
 def _signals(s: Settings, fleet: Fleet, latest: Round | None, unserved: float) -> dict[str, Any]:

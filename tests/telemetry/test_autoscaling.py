@@ -61,6 +61,14 @@ def test_a_breach_scales_up_once_it_held_for_the_window(name, values):  # type: 
     assert word in late.reason
 
 
+def test_scrapes_a_little_under_2_s_apart_still_fill_the_window():  # type: ignore[no-untyped-def]
+    hot = {"running": 30, "waiting": 6, "kv_mean": 0.5}
+    rounds = [Round(NOW - 3.9, 2, **hot), Round(NOW - 1.95, 2, **hot), Round(NOW, 2, **hot)]
+    assert decide(S, Fleet(serving=2), rounds, History(), NOW).direction == UP
+    # Two scrapes 2 s apart are not enough.
+    assert decide(S, Fleet(serving=2), rounds[1:], History(), NOW).direction is None
+
+
 def test_a_broken_breach_starts_over():  # type: ignore[no-untyped-def]
     hot = {"running": 30, "waiting": 6, "kv_mean": 0.5}
     rounds = (series(2, end=NOW - 6, **hot) + series(0, end=NOW - 4, running=30)
