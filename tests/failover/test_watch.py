@@ -142,3 +142,19 @@ def test_a_second_worker_skips_while_the_first_holds_the_lock(db):  # type: igno
         assert tasks.watch() == {"skipped": "another worker is watching"}
         other.execute("SELECT pg_advisory_unlock(%s)", [lock_id("failover.watch")])
     assert "probed" in tasks.watch()
+
+
+def test_a_spot_replica_the_provider_reports_gone_takes_the_same_path(  # type: ignore[no-untyped-def]
+        catalog, deployment, ready_replica, engines, sent_tasks):
+    ready_replica(deployment, catalog["fra"], engines().url)
+    spot = ready_replica(deployment, catalog["fra"], engines().url)
+    Replica.objects.filter(pk=spot.pk).update(spot=True)
+    # The provider's reconcile saw the node reclaimed (SkyPilot: cluster preempted).
+    transition(spot, S.FAILED, actor="system:reconcile", reason="provider reports terminated",
+               last_error="spot instance reclaimed")
+    report = services.watch()
+    assert report.failed == [] and len(report.replacements) == 1
+    incident = Incident.objects.get()
+    assert incident.kind == IncidentKind.SPOT_PREEMPTED
+    assert incident.failed_replicas == [spot.public_id]
+    assert Replica.objects.get(pk=spot.pk).state == S.TERMINATED
