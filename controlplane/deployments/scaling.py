@@ -16,8 +16,10 @@ from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from regions.models import Region
 
-# How long a draining replica keeps finishing its in-flight requests before it is terminated.
+# How long a draining replica keeps finishing its in-flight requests before it is terminated,
+# and how long after the drain starts its in-flight count is first checked.
 DRAIN_DEADLINE_S = 30
+DRAIN_GRACE_S = 2
 
 
 class ScaleRefused(Exception):
@@ -129,6 +131,9 @@ def drain_replica(replica: Replica, *, actor: str, reason: str = "") -> Replica:
 
 
 def _terminate_later(replica_id: int, reason: str) -> None:
-    from controlplane.provisioning.tasks import terminate_replica
+    """Terminate once nothing is in flight (checked from DRAIN_GRACE_S on, when every edge
+    has had the table without it), and at DRAIN_DEADLINE_S whatever is still running."""
+    from controlplane.provisioning.tasks import finish_drain, terminate_replica
 
+    finish_drain.apply_async((replica_id, reason, DRAIN_DEADLINE_S), countdown=DRAIN_GRACE_S)
     terminate_replica.apply_async((replica_id, reason), countdown=DRAIN_DEADLINE_S)

@@ -266,8 +266,37 @@ def terminate(replica_id: int, *, actor: str = SYSTEM, reason: str = "terminate"
 
 
 def drain(replica_id: int, *, actor: str, reason: str) -> Replica:
-    """ready/degraded → draining: weight 0 in the next tables; terminated after the deadline."""
+    """ready/degraded → draining: weight 0 in the next tables; terminated once nothing is in
+    flight (`finish_drain`) or at the deadline, whichever comes first."""
     return transition(replica_id, S.DRAINING, actor=actor, reason=reason)
+
+
+def finish_drain(replica_id: int, reason: str, deadline_s: float) -> str:
+    """Terminate a draining replica once its engine has nothing running or waiting.
+
+    Returns "terminated", "waiting" (requests still in flight: check again), or "left" (not
+    draining any more, past the deadline, or its metrics unreadable: the deadline's own
+    terminate task decides).
+    """
+    from controlplane.telemetry.sources import scrape_all
+
+    replica = Replica.objects.filter(pk=replica_id).first()
+    if replica is None or replica.state != S.DRAINING or not replica.url:
+        return "left"
+    if (timezone.now() - replica.state_changed_at).total_seconds() >= deadline_s:
+        return "left"
+    scrape = scrape_all({str(replica_id): replica.url}, timeout_s=1.0)[str(replica_id)]
+    if scrape.snapshot is None:
+        return "left"
+    in_flight = scrape.snapshot.running + scrape.snapshot.waiting
+    if in_flight > 0:
+        return "waiting"
+    try:
+        terminate(replica_id, actor="system:drain", reason=f"{reason}; drained: nothing in flight")
+    except (ProviderError, IllegalTransition) as exc:
+        log.warning("could not finish draining r-%s: %s", replica_id, exc)
+        return "left"
+    return "terminated"
 
 
 # -- reconciliation ---------------------------------------------------------------------------

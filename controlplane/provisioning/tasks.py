@@ -9,6 +9,7 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services
 
 CHECK_EVERY_S = 1.0
+DRAIN_POLL_S = 1.0
 
 
 @shared_task(name="provisioning.provision_replica")
@@ -30,6 +31,14 @@ def check_replica(replica_id: int) -> str:
 @shared_task(name="provisioning.terminate_replica")
 def terminate_replica(replica_id: int, reason: str = "terminate requested") -> str:
     return services.terminate(replica_id, reason=reason)
+
+
+@shared_task(name="provisioning.finish_drain")
+def finish_drain(replica_id: int, reason: str, deadline_s: float) -> str:
+    outcome = services.finish_drain(replica_id, reason, deadline_s)
+    if outcome == "waiting":
+        finish_drain.apply_async((replica_id, reason, deadline_s), countdown=DRAIN_POLL_S)
+    return outcome
 
 
 @shared_task(name="provisioning.reconcile_replicas")
