@@ -66,8 +66,9 @@ class GpuReadingSerializer(serializers.Serializer):
         child=serializers.IntegerField(min_value=0, max_value=1_000_000), max_length=256,
         required=False, default=list)
     lost = serializers.BooleanField(required=False, default=False)
-    errors = serializers.DictField(child=serializers.CharField(max_length=300, allow_blank=True),
-                                   required=False, default=dict)
+    errors = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.CharField(max_length=300, allow_blank=True), required=False,
+        default=dict)
 
     def validate_errors(self, value: dict[str, str]) -> dict[str, str]:
         if len(value) > 32 or any(len(k) > 64 for k in value):
@@ -118,7 +119,8 @@ class GpuReportSerializer(serializers.Serializer):
     nvml_version = serializers.CharField(max_length=64, required=False, allow_blank=True)
     cuda_driver_version = serializers.IntegerField(min_value=0, max_value=10**9, required=False,
                                                    allow_null=True)
-    gpus = GpuReadingSerializer(many=True, allow_empty=False, max_length=MAX_GPUS)
+    gpus = GpuReadingSerializer(many=True, allow_empty=False,
+                                max_length=MAX_GPUS)  # type: ignore[call-arg]
 
     def validate_at(self, value: Any) -> Any:
         now = timezone.now()
@@ -203,7 +205,7 @@ class GpuNodeSerializer(serializers.ModelSerializer):
         return timezone.now() - obj.last_seen_at > timedelta(seconds=3 * obj.interval_s)
 
     @extend_schema(responses=GpuLatestSerializer(many=True))
-    def get_gpus(self, obj: GpuNode) -> list[dict[str, Any]]:
+    def get_gpus(self, obj: GpuNode) -> Any:
         latest = getattr(obj, "latest_readings", None)
         if latest is None:
             at = obj.readings.order_by("-at").values_list("at", flat=True).first()

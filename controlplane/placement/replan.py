@@ -58,6 +58,7 @@ from regions.models import Quota, Region
 
 ACTOR = "system:replan"
 IN_FLIGHT = (PlanStatus.APPLYING,)
+ChangeRow = tuple[int, str, int | None, int, bool, int]  # deployment, action, offer, region…
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:
     ours: Counter[tuple[int, int]] = Counter()
     who: dict[tuple[int, int], list[int]] = defaultdict(list)
     for r in replicas:
-        if r.offer_id:
+        if r.offer is not None:
             key = (r.region_id, r.offer.gpu_type_id)
             ours[key] += r.offer.gpus_per_node * shapes.nodes(r)
             who[key].append(r.pk)
@@ -199,7 +200,9 @@ def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:
     everyone = Counter(ours)
     for r in Replica.objects.filter(state__in=LIVE_STATES, offer__isnull=False).exclude(
             pk__in=mine).select_related("offer"):
-        everyone[(r.region_id, r.offer.gpu_type_id)] += r.offer.gpus_per_node * shapes.nodes(r)
+        if r.offer is not None:
+            everyone[(r.region_id, r.offer.gpu_type_id)] += (
+                r.offer.gpus_per_node * shapes.nodes(r))
     out = []
     for q in Quota.objects.filter(region_id__in={k[0] for k in ours}).select_related(
             "region__cloud", "gpu_type"):
@@ -246,31 +249,34 @@ def build_problem(deployments: list[Deployment], options: tuple[OfferOption, ...
     for r in Replica.objects.filter(deployment_id__in=ids, state=S.DRAINING,
                                     offer__isnull=False).select_related(
             "region__cloud", "offer__gpu_type"):
-        draining[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
+        if r.offer is not None:
+            draining[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
     for pool, gpus in draining.items():
         if pool in quota:
             quota[pool] = max(quota[pool] - gpus, 0)
     counts: Counter[tuple[int, int, bool]] = Counter()
     for r in Replica.objects.filter(deployment_id__in=ids, state__in=LIVE_STATES,
                                     offer__isnull=False).exclude(state=S.DRAINING):
-        counts[(r.deployment_id, r.offer_id, r.spot)] += 1
+        if r.offer_id is not None:
+            counts[(r.deployment_id, r.offer_id, r.spot)] += 1
     existing = tuple(ExistingReplica(d, o, s, n) for (d, o, s), n in counts.items())
     return PlacementProblem(tuple(deployment_request(d) for d in deployments), options, quota,
                             existing)
 
 
-def _signature(changes: list[tuple[int, str, int | None, int, bool, int]]) -> list[list[Any]]:
+def _signature(changes: list[ChangeRow]) -> list[list[Any]]:
     return sorted([list(c) for c in changes], key=repr)
 
 
 def _result_signature(result: PlacementResult, broken: list[BrokenRule]) -> list[list[Any]]:
-    rows = [(c.deployment_id, c.action, c.offer_id, 0, c.spot, c.count) for c in result.changes]
+    rows: list[ChangeRow] = [(c.deployment_id, c.action, c.offer_id, 0, c.spot, c.count)
+                             for c in result.changes]
     return _signature(rows + _orphan_rows(broken))
 
 
-def _orphan_rows(broken: list[BrokenRule]) -> list[tuple[int, str, int | None, int, bool, int]]:
+def _orphan_rows(broken: list[BrokenRule]) -> list[ChangeRow]:
     """Removals for replicas whose offer is gone (the solver cannot see them)."""
-    rows = []
+    rows: list[ChangeRow] = []
     orphans = Replica.objects.filter(pk__in=[pk for b in broken if b.kind == "offer_missing"
                                              for pk in b.replicas])
     grouped: Counter[tuple[int, int, bool]] = Counter(
@@ -281,8 +287,9 @@ def _orphan_rows(broken: list[BrokenRule]) -> list[tuple[int, str, int | None, i
 
 
 def _plan_signature(plan: Plan) -> list[list[Any]]:
-    rows = [(c.deployment_id, c.action, c.offer_id, 0 if c.offer_id else c.region_id, c.spot,
-             c.count) for c in plan.changes.all()]
+    rows: list[ChangeRow] = [
+        (c.deployment_id, c.action, c.offer_id, 0 if c.offer_id else c.region_id, c.spot,
+         c.count) for c in plan.changes.all()]
     return _signature(rows)
 
 
