@@ -20,6 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--edge-port", type=int, default=8100,
                         help="first edge's client port; admin ports start 10 higher")
     parser.add_argument("--replicas-per-region", type=int, default=1)
+    parser.add_argument("--prometheus-port", type=int, default=9090,
+                        help="where the lab's Prometheus listens, when it is installed")
     parser.add_argument("--no-fleet", action="store_true",
                         help="control plane only: no local replicas, no edges")
     return parser.parse_args(argv)
@@ -64,7 +66,18 @@ def main(argv: list[str] | None = None) -> int:
 
     python = sys.executable
     bind = f"{args.host}:{args.web_port}"
+    from controlplane.lab.prometheus import prometheus_argv
+
+    prometheus = None if os.environ.get("PROMETHEUS_URL") else prometheus_argv(
+        args.var_dir, f"{args.host}:{args.prometheus_port}")
+    if prometheus:
+        os.environ["PROMETHEUS_URL"] = f"http://{args.host}:{args.prometheus_port}"
+        say(f"  Prometheus: {os.environ['PROMETHEUS_URL']} (scraping the targets Meridian writes)")
+    elif not os.environ.get("PROMETHEUS_URL"):
+        say("  Prometheus: not installed; telemetry scrapes replicas and edges itself")
     group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
+    if prometheus:
+        group.start("prometheus", prometheus)
     group.start("web", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
                         "--workers", "2", "--threads", "4", "--access-logfile", "-"])
     # Fast loops and slow provider jobs get their own workers, so a launch in progress never
