@@ -93,7 +93,8 @@ def probe_and_fail(report: WatchReport) -> list[Replica]:
     failed = []
     for pk, probe in probes.items():
         key = TIMEOUT_KEY.format(pk)
-        before = int(cache.get(key) or 0) if probe.timed_out else 0
+        stored: Any = cache.get(key) if probe.timed_out else None
+        before = int(stored or 0)
         is_failed, timeouts = replica_verdict(probe, before)
         if timeouts:
             cache.set(key, timeouts, ex=60)
@@ -330,7 +331,7 @@ def progress_incidents(now: datetime | None = None) -> list[int]:
     from controlplane.telemetry.models import ReplicaSample
 
     now = now or timezone.now()
-    resolved = []
+    resolved: list[int] = []
     open_incidents = list(Incident.objects.filter(resolved_at__isnull=True, detected_at__isnull=False))
     if not open_incidents:
         return resolved
@@ -359,7 +360,8 @@ def progress_incidents(now: datetime | None = None) -> list[int]:
         if incident.tables_pushed_at and (
                 incident.traffic_back_at
                 or (incident.replacement_ready_at and now - incident.replacement_ready_at > QUIET_RESOLVE)
-                or (nothing_to_replace and now - incident.detected_at > QUIET_RESOLVE)):
+                or (nothing_to_replace and incident.detected_at is not None
+                    and now - incident.detected_at > QUIET_RESOLVE)):
             incident.resolved_at = now
             note(incident, "resolved")
             record_audit(ACTOR, "failover.resolved", incident, reason=incident.summary,
@@ -441,10 +443,12 @@ def start_drill(region: Region, *, actor: str) -> Incident:
                 f"in {region.key}")
     record_audit(actor, "failover.drill", incident, reason=incident.summary,
                  changes={"replicas": names})
+    from controlplane.provisioning.local import LocalProvider
+
     provider = get_provider("local")
     for replica in victims:
         handle = handle_of(replica)
-        if handle is not None:
+        if handle is not None and isinstance(provider, LocalProvider):
             provider.kill(handle)
     note(incident, f"killed {', '.join(names)}")
     incident.save(update_fields=["notes"])
