@@ -10,7 +10,8 @@ from controlplane.failover.models import ScalingDecision
 
 
 class ScalingDecisionSerializer(serializers.ModelSerializer):
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    deployment: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
     signals = serializers.JSONField(read_only=True, help_text=(
         "The values the decision was taken on: serving and starting replicas, in-flight, "
         "waiting, KV usage, TTFT p95 against the SLO, and how long each signal held (s)."))

@@ -37,6 +37,7 @@ from controlplane.failover.models import ScalingDecision
 from controlplane.telemetry import autoscaling as policy
 from controlplane.telemetry.autoscaling import DOWN, UP, Decision, Fleet, History, Round, Settings
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
+from regions.models import Offer
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def unserved_requests(deployments: Sequence[Deployment], now: datetime,
             .order_by("edge_id", "at").values_list("edge_id", "at", "requests"))
     for edge_id, at, requests in rows:
         series[edge_id].append((at, requests))
-    unrouted: Counter[tuple[str, str]] = Counter()
+    unrouted: defaultdict[tuple[str, str], float] = defaultdict(float)
     for samples in series.values():
         if len(samples) < 2:
             continue
@@ -168,7 +169,7 @@ def unserved_requests(deployments: Sequence[Deployment], now: datetime,
                 unrouted[(labels["model"], labels["tenant"])] += n
     out: dict[int, float] = {}
     for d in deployments:
-        tenant = d.tenant.name if d.tenant_id else None
+        tenant = d.tenant.name if d.tenant is not None else None
         out[d.pk] = sum(n for (model, who), n in unrouted.items()
                         if model == d.served_model_name and (tenant is None or who == tenant))
     return out
@@ -188,10 +189,11 @@ def snapshots(now: datetime | None = None) -> list[Snapshot]:
     recent_s = policy.UP_WINDOW_S + 3 * SCRAPE_INTERVAL_S
     recent_from = now - timedelta(seconds=recent_s)
     rows = _sample_rows(list(owner), recent_from, None, with_ttft=True)
-    long_ids = [pk for pk, d_id in serving if _may_scale_down(
-        Settings.of(_by_pk(deployments, d_id)), fleets[d_id], histories[d_id], now)]
+    settings = {d.pk: Settings.of(d) for d in deployments}
+    long_ids = [pk for pk, d_id in serving
+                if _may_scale_down(settings[d_id], fleets[d_id], histories[d_id], now)]
     if long_ids:
-        longest = max(Settings.of(d).down_window_s for d in deployments)
+        longest = max(s.down_window_s for s in settings.values())
         rows += _sample_rows(long_ids, now - timedelta(seconds=longest + 2 * SCRAPE_INTERVAL_S),
                              recent_from, with_ttft=False)
     per_deployment: dict[int, list[SampleRow]] = defaultdict(list)
@@ -210,10 +212,6 @@ def snapshots(now: datetime | None = None) -> list[Snapshot]:
                             {pk: r.running + r.waiting for pk, r in latest.items()},
                             unserved.get(d.pk, 0.0)))
     return out
-
-
-def _by_pk(deployments: Sequence[Deployment], pk: int) -> Deployment:
-    return next(d for d in deployments if d.pk == pk)
 
 
 def _may_scale_down(s: Settings, fleet: Fleet, history: History, now: datetime) -> bool:
@@ -250,6 +248,7 @@ def run(now: datetime | None = None) -> list[Outcome]:
 
 def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
     """Record the decision and carry it out; None when the deployment changed meanwhile."""
+    assert decision.direction is not None
     with transaction.atomic():
         # One scale per deployment at a time (operators scale under the same lock).
         deployment = (Deployment.objects.select_for_update(of=("self",)).select_related("model", "tenant")
@@ -315,7 +314,6 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
     replica; else beside the running ones; never outside the allowed jurisdictions."""
     from controlplane.placement.proposals import deployment_request, offer_options, quota_left
     from controlplane.placement.solver import ExistingReplica, PlacementProblem, solve
-    from regions.models import Offer
 
     # New replicas are of the kind already running (or, from zero, last run): the in-flight
     # target is per replica, so the fleet stays uniform.
@@ -327,7 +325,7 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
     total = len(kept) + add
     request = dataclasses.replace(deployment_request(deployment), min_replicas=total,
                                   max_replicas=total, tokens_per_s=0.0)
-    existing = Counter((r.offer_id, r.spot) for r in kept)
+    existing = Counter((r.offer_id, r.spot) for r in kept if r.offer_id is not None)
     quota = quota_left([deployment.pk])
     result = solve(PlacementProblem(
         (request,), options, quota,
@@ -352,12 +350,12 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
 
 def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[tuple[str, int]]:
     """(GPU type, GPUs per node) of the running replicas; else of the newest one there was."""
-    kinds = {(r.offer.gpu_type.name, r.offer.gpus_per_node) for r in active if r.offer_id}
-    if kinds:
-        return kinds
-    last = (deployment.replicas.filter(offer__isnull=False).select_related("offer__gpu_type")
-            .order_by("-created_at").first())
-    return {(last.offer.gpu_type.name, last.offer.gpus_per_node)} if last and last.offer else set()
+    offers = [r.offer for r in active if r.offer is not None]
+    if not offers:
+        last = (deployment.replicas.filter(offer__isnull=False).select_related("offer__gpu_type")
+                .order_by("-created_at").first())
+        offers = [last.offer] if last is not None and last.offer is not None else []
+    return {(o.gpu_type.name, o.gpus_per_node) for o in offers}
 
 
 def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,
@@ -366,28 +364,29 @@ def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,
     allowed = set(deployment.allowed_jurisdictions.values_list("pk", flat=True))
     used: Counter[tuple[str, str]] = Counter()
     per_region: Counter[int] = Counter()
-    choices: dict[int, Replica] = {}
+    choices: dict[int, tuple[Replica, Offer]] = {}
     for r in active:
-        if r.offer_id:
-            used[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
         per_region[r.region_id] += 1
-        if r.offer_id and r.region.jurisdiction_id in allowed and r.region.enabled:
-            choices.setdefault(r.region_id, r)
+        if r.offer is None:
+            continue
+        used[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
+        if r.region.jurisdiction_id in allowed and r.region.enabled:
+            choices.setdefault(r.region_id, (r, r.offer))
     planned: Counter[tuple[int, bool]] = Counter()
     for _ in range(add):
         fits = []
-        for region_id, r in choices.items():
-            pool = (r.region.key, r.offer.gpu_type.name)
-            if pool in quota and quota[pool] - used[pool] < r.offer.gpus_per_node:
+        for region_id, (r, offer) in choices.items():
+            pool = (r.region.key, offer.gpu_type.name)
+            if pool in quota and quota[pool] - used[pool] < offer.gpus_per_node:
                 continue
-            fits.append((per_region[region_id], r.offer.on_demand_usd_h, region_id, r))
+            fits.append((per_region[region_id], offer.on_demand_usd_h, region_id, r, offer))
         if not fits:
             break
-        _, _, region_id, r = min(fits, key=lambda f: f[:3])
-        used[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
+        _, _, region_id, r, offer = min(fits, key=lambda f: f[:3])
+        used[(r.region.key, offer.gpu_type.name)] += offer.gpus_per_node
         per_region[region_id] += 1
         planned[(region_id, r.spot)] += 1
-    slots = [(choices[rid].region, choices[rid].offer, spot, n)
+    slots = [(choices[rid][0].region, choices[rid][1], spot, n)
              for (rid, spot), n in planned.items()]
     if not slots:
         return Placement([], f"{why}; no running region has room, nothing placed")

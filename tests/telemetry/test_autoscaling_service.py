@@ -244,3 +244,22 @@ def test_the_task_runs_the_loop_under_its_lock(catalog):  # type: ignore[no-unty
 
         with ThreadPoolExecutor(1) as pool:
             assert pool.submit(other_worker).result() == {"skipped": 1}
+
+
+def test_a_tick_reads_the_same_few_queries_for_one_deployment_or_many(catalog):  # type: ignore[no-untyped-def]
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def tick_queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            outcomes = autoscaler.run()
+        assert all(o.recorded is None for o in outcomes)
+        return len(captured)
+
+    first = make_deployment(catalog, name="d0", scale_down_cooldown_s=60)
+    store_rounds(ready_replicas(first, catalog["fra"], 2, catalog["h100"]), 70, running=15)
+    one = tick_queries()
+    for i in range(1, 8):
+        d = make_deployment(catalog, name=f"d{i}", scale_down_cooldown_s=60)
+        store_rounds(ready_replicas(d, catalog["fra"], 2, catalog["h100"]), 70, running=15)
+    assert tick_queries() == one <= 7
