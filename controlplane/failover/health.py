@@ -4,7 +4,8 @@ A replica whose /health probe is refused or reset has lost its process or its ne
 one such probe fails it. A probe that times out may be a stall under load, so it takes
 `TIMEOUTS_TO_FAIL` in a row. A region is down when at least `DOWN_AFTER_FAILURES` replicas
 failed there recently and none serves (one lost replica is a replica's problem, not the
-region's); degraded when replicas failed and some still serve or too few failed to say.
+region's); degraded while a failure there is still being answered (its incident is open);
+healthy again once it is resolved.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class RegionCounts:
     serving: int  # ready or degraded
     starting: int  # pending, provisioning or starting
     failed_recently: int  # failed within the health window (terminated since or not)
+    open_incident: bool = False  # a failure there is still being answered
 
 
 def region_state(counts: RegionCounts) -> tuple[str, str]:
@@ -44,7 +46,7 @@ def region_state(counts: RegionCounts) -> tuple[str, str]:
     if counts.failed_recently >= DOWN_AFTER_FAILURES and not counts.serving:
         starting = f"; {counts.starting} starting" if counts.starting else ""
         return "down", f"{counts.failed_recently} replicas failed and none serves{starting}"
-    if counts.failed_recently:
+    if counts.failed_recently and counts.open_incident:
         return "degraded", (f"{counts.failed_recently} replicas failed recently; "
                             f"{counts.serving} serve")
     return "healthy", f"{counts.serving} replicas serve" if counts.serving else "no replicas"

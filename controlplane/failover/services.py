@@ -220,7 +220,14 @@ def replace_for(deployment_id: int) -> list[str]:
         made: list[Replica] = []
         if target > active:
             skip = excluded_regions(deployment)
-            offers = tuple(o for o in proposals.offer_options() if o.region not in skip)
+            # Replacements run the deployment's engine as it was launched: the same GPU type
+            # as what failed (or still runs) and nodes big enough for its tensor parallelism.
+            gpus = set(deployment.replicas.filter(offer__isnull=False)
+                       .filter(Q(state__in=LIVE_STATES) | Q(pk__in=[r.pk for r in failed]))
+                       .values_list("offer__gpu_type__name", flat=True))
+            offers = tuple(o for o in proposals.offer_options()
+                           if o.region not in skip and (not gpus or o.gpu.name in gpus)
+                           and o.gpus_per_node >= deployment.tensor_parallel)
             request = proposals.deployment_request(deployment)
             usable = {o.region for o in offers if o.jurisdiction in request.allowed_jurisdictions}
             request = dataclasses.replace(
@@ -284,7 +291,10 @@ def region_counts(now: datetime | None = None) -> dict[int, RegionCounts]:
                 starting=Count("id", filter=Q(state__in=STARTING_STATES)),
                 failed=Count("id", filter=Q(state__in=(S.FAILED, S.TERMINATED), last_error__gt="",
                                             state_changed_at__gte=since))))
-    return {row["region_id"]: RegionCounts(row["serving"], row["starting"], row["failed"])
+    answering = set(Incident.objects.filter(resolved_at__isnull=True)
+                    .values_list("region_id", flat=True))
+    return {row["region_id"]: RegionCounts(row["serving"], row["starting"], row["failed"],
+                                           row["region_id"] in answering)
             for row in rows}
 
 

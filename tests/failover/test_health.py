@@ -17,9 +17,11 @@ def test_timeouts_fail_only_when_two_come_in_a_row():
 def test_region_states():
     assert region_state(RegionCounts(serving=2, starting=0, failed_recently=0))[0] == "healthy"
     assert region_state(RegionCounts(0, 0, 0)) == ("healthy", "no replicas")
-    state, reason = region_state(RegionCounts(serving=1, starting=0, failed_recently=1))
+    state, reason = region_state(RegionCounts(1, 0, failed_recently=1, open_incident=True))
     assert state == "degraded" and "1 serve" in reason
+    # Once the failure has been answered (its incident resolved) the region is healthy again.
+    assert region_state(RegionCounts(1, 0, failed_recently=1))[0] == "healthy"
     # One lost replica alone is that replica's problem, not the region's.
-    assert region_state(RegionCounts(serving=0, starting=1, failed_recently=1))[0] == "degraded"
+    assert region_state(RegionCounts(0, 1, failed_recently=1, open_incident=True))[0] == "degraded"
     state, reason = region_state(RegionCounts(serving=0, starting=1, failed_recently=2))
     assert state == "down" and reason == "2 replicas failed and none serves; 1 starting"

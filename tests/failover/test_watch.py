@@ -17,7 +17,7 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover import services, tasks
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
 from controlplane.telemetry.models import ReplicaSample
-from regions.models import Offer, Quota
+from regions.models import GpuType, Offer, Quota
 
 from .conftest import dead_url
 
@@ -158,3 +158,15 @@ def test_a_spot_replica_the_provider_reports_gone_takes_the_same_path(  # type: 
     assert incident.kind == IncidentKind.SPOT_PREEMPTED
     assert incident.failed_replicas == [spot.public_id]
     assert Replica.objects.get(pk=spot.pk).state == S.TERMINATED
+
+
+def test_replacements_use_the_gpu_type_that_failed(catalog, deployment, ready_replica, sent_tasks):  # type: ignore[no-untyped-def]
+    # A bigger GPU is on sale for less, but the deployment's engine was launched on H100s.
+    h200 = GpuType.objects.create(name="H200", memory_gib=141, memory_bandwidth_gbps=4800,
+                                  bf16_tflops=989, fp16_tflops=989, skypilot_name="H200")
+    Offer.objects.create(region=catalog["fra"], gpu_type=h200, gpus_per_node=1,
+                         instance_type="h200x1", on_demand_usd_h=1, observed_at=timezone.now())
+    ready_replica(deployment, catalog["fra"], dead_url())
+    services.watch()
+    new = Replica.objects.filter(state=S.PENDING)
+    assert new and {r.offer.gpu_type.name for r in new} == {"H100"}
