@@ -18,8 +18,9 @@ from django.db.models import DateTimeField, F, Func, Value
 from django.utils import timezone
 
 from controlplane.core.services import Principal
+from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
-from controlplane.telemetry.models import ReplicaSample
+from controlplane.telemetry.models import EdgeSample, ReplicaSample
 from frontend.access import scoped
 
 FIELDS = ("replica_id", "at", "up", "running", "waiting", "kv_usage", "counters", "buckets")
@@ -113,12 +114,56 @@ class FleetNow:
     running: float
     waiting: float
     kv_usage_max: float | None
+    errors: EdgeErrors | None = None
+
+
+@dataclass(frozen=True)
+class EdgeErrors:
+    """Requests the edges answered over a window, and how many were server errors (5xx)."""
+
+    requests: float
+    errors: float
+
+    @property
+    def rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+def edge_errors(newer: Mapping[int, Mapping[str, float]],
+                older: Mapping[int, Mapping[str, float]], tenant: str | None) -> EdgeErrors | None:
+    """Requests and 5xx between each edge's older and newer counters (keyed
+    "model|region|tenant|status"), for one tenant's requests or, with None, all. Pure."""
+    from controlplane.alerts.rules import is_error_status
+    from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
+
+    requests = errors = 0.0
+    compared = False
+    for edge_id, counters in newer.items():
+        if edge_id not in older:
+            continue
+        compared = True
+        for joined, grown in counter_delta(counters, older[edge_id]).items():
+            labels = split_key(joined, REQUEST_LABELS)
+            if tenant is not None and labels["tenant"] != tenant:
+                continue
+            requests += grown
+            errors += grown if is_error_status(labels["status"]) else 0.0
+    return EdgeErrors(requests, errors) if compared else None
+
+
+def _edge_counters(before: datetime | None, since: datetime) -> dict[int, dict[str, float]]:
+    rows = EdgeSample.objects.filter(up=True, edge__enabled=True, at__gte=since)
+    if before is not None:
+        rows = rows.filter(at__lte=before)
+    return dict(rows.order_by("edge_id", "-at").distinct("edge_id").values_list("edge_id", "requests"))
 
 
 def fleet_now(principal: Principal, window_s: int = 60, now: datetime | None = None) -> FleetNow:
-    """Two queries: each replica's newest and oldest sample inside the window."""
+    """Two queries for the replicas (each serving replica's newest and oldest sample inside
+    the window) and two for the edges' error counts."""
     now = now or timezone.now()
-    recent = scoped(ReplicaSample.objects.filter(at__gte=now - timedelta(seconds=window_s)),
+    recent = scoped(ReplicaSample.objects.filter(at__gte=now - timedelta(seconds=window_s),
+                                                 replica__state__in=SERVING_STATES),
                     principal, "replica__deployment__tenant", shared_visible=True)
     newest = _samples(recent.order_by("replica_id", "-at").distinct("replica_id"))
     oldest = {s.replica_id: s for s in
@@ -130,7 +175,19 @@ def fleet_now(principal: Principal, window_s: int = 60, now: datetime | None = N
         rates=rates(i for i in found if i is not None),
         running=sum(s.running for s in up), waiting=sum(s.waiting for s in up),
         kv_usage_max=max((s.kv_usage for s in up), default=None),
+        # Two more queries: each edge's newest counters, and its newest from before the window
+        # (at most an hour old, so that an edge restarted meanwhile is not compared).
+        errors=edge_errors(
+            _edge_counters(None, now - timedelta(seconds=window_s)),
+            _edge_counters(now - timedelta(seconds=window_s), now - timedelta(hours=1)),
+            None if principal.is_platform else _tenant_name(principal)),
     )
+
+
+def _tenant_name(principal: Principal) -> str:
+    from controlplane.core.models import Tenant
+
+    return Tenant.objects.filter(pk=principal.tenant_id).values_list("name", flat=True).first() or ""
 
 
 @dataclass

@@ -41,11 +41,11 @@ def number(value: float | int | None, places: int = 0) -> str:
 
 
 @register.filter
-def percent(value: float | None) -> str:
-    """A fraction in [0, 1] as a percentage."""
+def percent(value: float | None, digits: int = 0) -> str:
+    """A fraction in [0, 1] as a percentage, with `digits` decimals."""
     if value is None:
         return "—"
-    return f"{100 * value:.0f}%"
+    return f"{100 * value:.{int(digits)}f}%"
 
 
 @register.filter
