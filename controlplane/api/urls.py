@@ -27,7 +27,6 @@ router.register("plans", plan_views.PlanViewSet)
 router.register("alerts", AlertViewSet)
 router.register("operations", views.OperationViewSet)
 router.register("gpu-nodes", gpu_views.GpuNodeViewSet)
-router.register("costs", costs_api.CostViewSet, basename="costs")
 router.register("cost-rollups", costs_api.CostRollupViewSet)
 router.register("budgets", costs_api.BudgetViewSet, basename="budgets")
 router.register("incidents", failover_views.IncidentViewSet)
@@ -36,6 +35,7 @@ router.register("scaling-decisions", ScalingDecisionViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
+    path("costs/", costs_api.CostSummaryView.as_view(), name="costs"),
     path("alert-rules/", AlertRulesView.as_view(), name="alert-rules"),
     path("gpu-reports/", gpu_views.GpuReportView.as_view(), name="gpu-reports"),
     path("edges/<slug:name>/table", routing_views.EdgeTableView.as_view(), name="edge-table"),

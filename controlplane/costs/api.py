@@ -14,6 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from controlplane.core.models import Tenant
 from controlplane.core.services import Principal, principal_for
@@ -75,12 +76,13 @@ class CostSummarySerializer(serializers.Serializer):
     results = CostGroupSerializer(many=True)
 
 
-class CostViewSet(viewsets.ViewSet):
+class CostSummaryView(APIView):
     """Spend from the hourly rollups, grouped; each replica's cost is allocated to tenants by
     the tokens the edges served them, and cost no tokens used is idle (tenant "")."""
 
-    @extend_schema(parameters=[CostQuerySerializer], responses=CostSummarySerializer)
-    def list(self, request: Request) -> Response:
+    @extend_schema(parameters=[CostQuerySerializer], responses=CostSummarySerializer,
+                   operation_id="costs_summary")
+    def get(self, request: Request) -> Response:
         query = CostQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data
