@@ -313,6 +313,9 @@ def spend_bars_figure(groups: Sequence[Mapping[str, Any]], what: str,
 
 STAGE_COLOURS = {"detected": "#e53e3e", "tables_pushed": "#d69e2e",
                  "replacement_ready": "#3182ce", "traffic_back": "#38a169", "resolved": "#718096"}
+# Stages often land at the same moment: later ones are drawn smaller, on top, as rings.
+STAGE_SIZES = {"detected": 18, "tables_pushed": 14, "replacement_ready": 11,
+               "traffic_back": 8, "resolved": 5}
 
 
 def incident_timeline_figure(incidents: Sequence[Mapping[str, Any]]) -> Figure:
@@ -337,14 +340,16 @@ def incident_timeline_figure(incidents: Sequence[Mapping[str, Any]]) -> Figure:
                 xs.append(seconds)
                 ys.append(label)
         data.append({"type": "scatter", "mode": "markers", "name": stage.replace("_", " "),
-                     "x": xs, "y": ys, "marker": {"color": colour, "size": 11},
+                     "x": xs, "y": ys, "marker": {"color": colour, "size": STAGE_SIZES[stage],
+                                                 "line": {"color": "#fff", "width": 1}},
                      "hovertemplate": f"{stage.replace('_', ' ')}: %{{x:.2f}} s<extra>%{{y}}</extra>"})
     height = 80 + 34 * max(len(rows), 1)
     return {"data": data, "layout": {
-        "height": height, "margin": {"l": 220, "r": 20, "t": 10, "b": 40},
+        "height": height, "margin": {"l": 220, "r": 20, "t": 40, "b": 40},
         "xaxis": {"title": {"text": "seconds after the failure"}, "rangemode": "tozero"},
         "yaxis": {"type": "category", "automargin": True},
-        "legend": {"orientation": "h", "y": -0.25}, "hovermode": "closest",
+        "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+        "hovermode": "closest",
         "plot_bgcolor": "#fff", "paper_bgcolor": "#fff",
     }}
 

@@ -49,4 +49,7 @@ def region_state(counts: RegionCounts) -> tuple[str, str]:
     if counts.failed_recently and counts.open_incident:
         return "degraded", (f"{counts.failed_recently} replicas failed recently; "
                             f"{counts.serving} serve")
-    return "healthy", f"{counts.serving} replicas serve" if counts.serving else "no replicas"
+    if not counts.serving:
+        return "healthy", "no replicas"
+    return "healthy", f"{counts.serving} replica{'s' if counts.serving != 1 else ''} serve" + (
+        "s" if counts.serving == 1 else "")
