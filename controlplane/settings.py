@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -152,7 +153,14 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
-MERIDIAN = {
+
+class MeridianSettings(TypedDict):
+    BEAT_STALE_AFTER: timedelta
+    CATALOG_STALE_AFTER: timedelta
+    PLACEMENT_CLOUDS: list[str]
+
+
+MERIDIAN: MeridianSettings = {
     # Beat ticks older than this make /api/v1/status/ report beat as stale.
     "BEAT_STALE_AFTER": timedelta(seconds=env_int("MERIDIAN_BEAT_STALE_S", 90)),
     "CATALOG_STALE_AFTER": timedelta(hours=env_int("MERIDIAN_CATALOG_STALE_H", 24 * 7)),

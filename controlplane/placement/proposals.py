@@ -65,11 +65,11 @@ def offer_options() -> tuple[OfferOption, ...]:
 def quota_left(planned: Iterable[int]) -> dict[tuple[str, str], int]:
     """GPUs the planned deployments may use per pool: the limit less what others run."""
     planned = set(planned)
-    used_by_others = Counter()
+    used_by_others: Counter[tuple[str, str]] = Counter()
     others = Replica.objects.filter(state__in=LIVE_STATES).exclude(
         deployment_id__in=planned).select_related("region__cloud", "offer__gpu_type")
     for r in others:
-        if r.offer_id:
+        if r.offer is not None:
             used_by_others[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
     return {
         (q.region.key, q.gpu_type.name): max(q.limit_gpus - used_by_others[(q.region.key, q.gpu_type.name)], 0)
@@ -81,6 +81,7 @@ def existing_replicas(deployments: Iterable[Deployment]) -> tuple[ExistingReplic
     counts: Counter[tuple[int, int, bool]] = Counter()
     for r in Replica.objects.filter(deployment__in=list(deployments), state__in=LIVE_STATES,
                                     offer__isnull=False):
+        assert r.offer_id is not None  # filtered on offer__isnull=False
         counts[(r.deployment_id, r.offer_id, r.spot)] += 1
     return tuple(ExistingReplicas(d, o, s, n) for (d, o, s), n in counts.items())
 
