@@ -6,6 +6,7 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.relations import PKOnlyObject
 
 from regions.models import Region
 
@@ -24,14 +25,19 @@ class RegionKeyField(serializers.RelatedField):
             kwargs.setdefault("queryset", Region.objects.select_related("cloud"))
         super().__init__(**kwargs)
 
-    def to_representation(self, value: Region) -> str:
+    def to_representation(self, value: Region | PKOnlyObject) -> str:
+        # use_pk_only_optimization() is off for this field: DRF always passes the row.
+        assert isinstance(value, Region)
         return value.key
 
     def to_internal_value(self, data: Any) -> Region:
         if not isinstance(data, str) or data.count(":") != 1:
             self.fail("format", value=data)
         cloud, code = data.split(":")
-        region = self.get_queryset().filter(cloud__name=cloud, code=code).first()
+        queryset = self.get_queryset()
+        # RelatedField requires a queryset unless read-only, and read-only fields never parse.
+        assert queryset is not None
+        region = queryset.filter(cloud__name=cloud, code=code).first()
         if region is None:
             self.fail("missing", value=data)
         return region

@@ -18,12 +18,15 @@ from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment
 from controlplane.placement import plans
 from controlplane.placement.models import Plan, PlanChange
+from regions.models import Offer
 
 
 class PlanChangeSerializer(serializers.ModelSerializer):
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    deployment: serializers.SlugRelatedField[Deployment] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     region = RegionKeyField(read_only=True)
-    offer = serializers.StringRelatedField()
+    offer: serializers.StringRelatedField[Offer] = serializers.StringRelatedField()
 
     class Meta:
         model = PlanChange

@@ -264,7 +264,9 @@ class DeploymentSerializer(_TenantOwned):
 
 
 class ReplicaSerializer(serializers.ModelSerializer):
-    deployment = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    deployment: serializers.SlugRelatedField[Deployment] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     region = RegionKeyField(read_only=True)
     public_id = serializers.CharField(read_only=True)
 

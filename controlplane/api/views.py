@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import Count, Prefetch, Q
+from django.db.models import Model as DjangoModel
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
@@ -98,7 +99,8 @@ class ApiKeyViewSet(MeridianViewSet):
     ordering_fields = ["name", "created_at"]
 
     @transaction.atomic
-    def perform_destroy(self, instance: ApiKey) -> None:
+    def perform_destroy(self, instance: DjangoModel) -> None:
+        assert isinstance(instance, ApiKey)  # the queryset holds only API keys
         if instance.revoked_at is None:
             instance.revoked_at = timezone.now()
             instance.save(update_fields=["revoked_at"])
