@@ -550,24 +550,24 @@ def _build(blocks: list[_Block], quota: Mapping[Pool, int], move_penalty: float,
             rows.add([(col, c.usd_h) for col, c in zip(cols, b.cands, strict=True)]
                      + [(u, move_penalty) for u in removals], b.floor, math.inf)
     if "quota" not in relax:
-        for pool, members in pools.items():
+        for pool, pool_cols in pools.items():
             limit = quota.get(pool)
             if limit is None:
                 continue
-            if sum(upper[col] * g for col, g in members) <= limit:
+            if sum(upper[col] * g for col, g in pool_cols) <= limit:
                 continue  # cannot bind
             if "quota_elastic" in relax:
                 # Every GPU over quota costs far more than any plan, so the solver uses
                 # quota first and reports the least it must exceed it by.
                 short = column(ELASTIC_USD_PER_GPU, 0.0, math.inf, False)
                 shortfall_cols.append((short, pool))
-                rows.add([(short, -1.0)] + [(col, float(g)) for col, g in members],
+                rows.add([(short, -1.0)] + [(col, float(g)) for col, g in pool_cols],
                          -math.inf, float(limit))
-            elif len(members) == 1:
-                col, g = members[0]
+            elif len(pool_cols) == 1:
+                col, g = pool_cols[0]
                 upper[col] = min(upper[col], limit // g)
             else:
-                rows.add(((col, float(g)) for col, g in members), -math.inf, float(limit))
+                rows.add(((col, float(g)) for col, g in pool_cols), -math.inf, float(limit))
     n = len(cost)
     matrix = csc_matrix((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lower), n))
     return _Milp(blocks, np.array(cost, dtype=float), np.array(lower, dtype=float),
@@ -588,7 +588,7 @@ class _Outcome:
 
 # For the small models of deployments alone: HiGHS's root heuristics, restarts and symmetry
 # detection cost more than the branching they save (measured: 2 ms a model instead of 15).
-SMALL_MODEL_OPTIONS = {
+SMALL_MODEL_OPTIONS: dict[str, bool | str] = {
     "presolve": "off", "mip_allow_restart": False, "mip_detect_symmetry": False,
     "mip_heuristic_run_feasibility_jump": False, "mip_heuristic_run_rins": False,
     "mip_heuristic_run_rens": False, "mip_heuristic_run_root_reduced_cost": False,
@@ -1190,7 +1190,7 @@ def _changes(problem: PlacementProblem, fleet: _Fleet, plans: Mapping[int, _Plan
         for key, had in sorted(b.running.items()):
             if key in forced_keys:
                 continue
-            c, n = after.get(key, (None, 0))
+            n = after[key][1] if key in after else 0
             if had > n:
                 o = offers[key[0]]
                 changes.append(Change(
@@ -1199,12 +1199,14 @@ def _changes(problem: PlacementProblem, fleet: _Fleet, plans: Mapping[int, _Plan
                                           cost_before - cost_after, penalty),
                     o.region, o.gpu.name))
         for e, why in forced:
-            o = offers.get(e.offer_id)
+            forced_offer = offers.get(e.offer_id)
             changes.append(Change(
                 d.id, e.offer_id, e.spot, "remove", e.count,
-                -e.count * _running_price(e, o, d, fleet),
-                f"{e.count} × in {o.region if o else f'offer {e.offer_id}'}: {why}",
-                o.region if o else "", o.gpu.name if o else ""))
+                -e.count * _running_price(e, forced_offer, d, fleet),
+                f"{e.count} × in "
+                f"{forced_offer.region if forced_offer else f'offer {e.offer_id}'}: {why}",
+                forced_offer.region if forced_offer else "",
+                forced_offer.gpu.name if forced_offer else ""))
     return changes
 
 
