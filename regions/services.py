@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import models, transaction
 from django.utils import timezone
@@ -50,14 +50,17 @@ class LoadReport:
         return "; ".join(parts)
 
 
+ModelT = TypeVar("ModelT", bound=models.Model)
+
+
 def upsert(
-    model: type[models.Model], lookup: dict[str, Any], values: dict[str, Any],
+    model: type[ModelT], lookup: dict[str, Any], values: dict[str, Any],
     report: LoadReport, kind: str,
-) -> models.Model:
+) -> ModelT:
     """Create or update one row, writing only when a value differs."""
-    row = model.objects.filter(**lookup).first()
+    row = model._default_manager.filter(**lookup).first()
     if row is None:
-        row = model.objects.create(**lookup, **values)
+        row = model._default_manager.create(**lookup, **values)
         report.count(kind, "created")
         return row
     dirty = [name for name, value in values.items() if getattr(row, name) != value]

@@ -61,7 +61,7 @@ class Membership(models.Model):
     )
 
     def __str__(self) -> str:
-        scope = self.tenant.name if self.tenant_id else "platform"
+        scope = self.tenant.name if self.tenant is not None else "platform"
         return f"{self.user} ({self.role}, {scope})"
 
 

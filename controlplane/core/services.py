@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, User
 from django.db import transaction
 from django.db.models import Model as DjangoModel
 from django.utils import timezone
@@ -62,7 +62,7 @@ def principal_for(user: Any) -> Principal:
 
 
 @transaction.atomic
-def ensure_user(username: str, role: str, tenant: Tenant | None = None) -> AbstractBaseUser:
+def ensure_user(username: str, role: str, tenant: Tenant | None = None) -> User:
     """Create the user if missing and set its role and tenant."""
     if role not in Role.values:
         raise ValueError(f"role must be one of {', '.join(Role.values)}, got {role!r}")
@@ -72,7 +72,7 @@ def ensure_user(username: str, role: str, tenant: Tenant | None = None) -> Abstr
     return user
 
 
-def issue_api_token(user: AbstractBaseUser, name: str = "cli") -> tuple[ApiToken, str]:
+def issue_api_token(user: User, name: str = "cli") -> tuple[ApiToken, str]:
     """A new control-plane token; the plaintext is returned once and never stored."""
     token = new_secret(TOKEN_PREFIX)
     row = ApiToken.objects.create(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 
 def ensure_database(url: str) -> bool:
@@ -17,11 +18,11 @@ def ensure_database(url: str) -> bool:
 
     params = database_from_url("DATABASE_URL", url)
     conninfo = {
-        "dbname": "postgres", "user": params["USER"] or None,
-        "password": params["PASSWORD"] or None, "host": params["HOST"] or None,
-        "port": params["PORT"] or None,
+        "dbname": "postgres", "user": str(params["USER"]), "password": str(params["PASSWORD"]),
+        "host": str(params["HOST"]), "port": str(params["PORT"]),
     }
-    with psycopg.connect(**{k: v for k, v in conninfo.items() if v}, autocommit=True) as conn:
+    dsn = make_conninfo(**{k: v for k, v in conninfo.items() if v})
+    with psycopg.connect(dsn, autocommit=True) as conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", [params["NAME"]]
         ).fetchone()

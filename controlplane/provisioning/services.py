@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -168,7 +169,7 @@ def request_replicas(
         )
         record_audit(actor, "replica.requested", replica, reason=reason,
                      changes={"region": region.key, "offer": str(offer) if offer else None})
-        transaction.on_commit(lambda pk=replica.pk: provision_replica.delay(pk))
+        transaction.on_commit(partial(provision_replica.delay, replica.pk))
         made.append(replica)
     return made
 
@@ -304,19 +305,18 @@ def finish_drain(replica_id: int, reason: str, deadline_s: float) -> str:
 @dataclass
 class ReconcileReport:
     checked: int = 0
-    failed: list[str] | None = None
-    reaped: list[str] | None = None
+    failed: list[str] = field(default_factory=list)
+    reaped: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"checked": self.checked, "failed": self.failed or [],
-                "reaped": self.reaped or []}
+        return {"checked": self.checked, "failed": self.failed, "reaped": self.reaped}
 
 
 def reconcile() -> ReconcileReport:
     """Desired vs actual: fail replicas whose process or node is gone and reap provider
     resources no replica owns. Replacing failed replicas is failover's job
     (controlplane.failover.services.replace_failed), placed by the solver."""
-    report = ReconcileReport(failed=[], reaped=[])
+    report = ReconcileReport()
     live = Replica.objects.filter(state__in=LIVE_STATES - {S.PENDING}).select_related(
         "deployment", "region__cloud"
     )

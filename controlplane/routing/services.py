@@ -66,7 +66,7 @@ def replica_views() -> list[compiler.ReplicaView]:
             url=replica.url,
             urls_by_region=data.get("urls_by_region", {}),
             tier=replica.deployment.tier,
-            tenant=replica.deployment.tenant.name if replica.deployment.tenant_id else None,
+            tenant=replica.deployment.tenant.name if replica.deployment.tenant is not None else None,
         ))
     return views
 
