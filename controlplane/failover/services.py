@@ -230,8 +230,9 @@ def replace_for(deployment_id: int) -> list[str]:
                            and o.gpus_per_node >= deployment.tensor_parallel)
             request = proposals.deployment_request(deployment)
             usable = {o.region for o in offers if o.jurisdiction in request.allowed_jurisdictions}
+            # Replace what was lost, no more: demand is the autoscaler's and the plans' job.
             request = dataclasses.replace(
-                request, min_replicas=target, max_replicas=max(target, request.max_replicas),
+                request, tokens_per_s=0.0, min_replicas=target, max_replicas=target,
                 spread_regions=max(1, min(request.spread_regions, len(usable))))
             problem = PlacementProblem((request,), offers, proposals.quota_left([deployment.pk]),
                                        proposals.existing_replicas([deployment]),

@@ -170,3 +170,12 @@ def test_replacements_use_the_gpu_type_that_failed(catalog, deployment, ready_re
     services.watch()
     new = Replica.objects.filter(state=S.PENDING)
     assert new and {r.offer.gpu_type.name for r in new} == {"H100"}
+
+
+def test_a_replacement_replaces_what_was_lost_and_does_not_scale_for_demand(  # type: ignore[no-untyped-def]
+        catalog, deployment, ready_replica, engines, sent_tasks):
+    deployment.demand_tokens_per_s = 50_000  # far beyond what two replicas make
+    deployment.save()
+    ready_replica(deployment, catalog["fra"], engines().url)
+    ready_replica(deployment, catalog["fra"], dead_url())
+    assert len(services.watch().replacements) == 1
