@@ -47,8 +47,9 @@ def region_state(counts: RegionCounts) -> tuple[str, str]:
         starting = f"; {counts.starting} starting" if counts.starting else ""
         return "down", f"{counts.failed_recently} replicas failed and none serves{starting}"
     if counts.failed_recently and counts.open_incident:
-        return "degraded", (f"{counts.failed_recently} replicas failed recently; "
-                            f"{counts.serving} serve")
+        failed, serving = counts.failed_recently, counts.serving
+        return "degraded", (f"{failed} replica{'s' if failed != 1 else ''} failed recently; "
+                            f"{serving} serve{'s' if serving == 1 else ''}")
     if not counts.serving:
         return "healthy", "no replicas"
     return "healthy", f"{counts.serving} replica{'s' if counts.serving != 1 else ''} serve" + (

@@ -42,6 +42,11 @@ class Plan(models.Model):
     def saving_usd_h(self) -> float:
         return float(self.cost_before_usd_h - self.cost_after_usd_h)
 
+    @property
+    def extra_usd_h(self) -> float:
+        """What the plan adds to the fleet's $/h (0 when it saves)."""
+        return max(-self.saving_usd_h, 0.0)
+
     def __str__(self) -> str:
         return f"plan {self.pk} ({self.status})"
 

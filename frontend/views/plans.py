@@ -73,7 +73,19 @@ def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def _solver_facts(solver: dict[str, Any]) -> list[tuple[str, Any]]:
     labels = {"status": "solver status", "solve_s": "solve time (s)", "variables": "variables",
               "gap_to_lp_bound": "gap to LP bound", "lp_bound_usd_h": "LP bound ($/h)"}
-    return [(labels.get(k, k), v) for k, v in (solver or {}).items() if v is not None]
+    return [(labels.get(k, k), _fact(k, v)) for k, v in (solver or {}).items() if v is not None]
+
+
+def _fact(key: str, value: Any) -> Any:
+    """Figures as people read them: dollars to the cent, shares as percentages."""
+    if isinstance(value, float):
+        if key.endswith("usd_h"):
+            return f"${value:,.2f}"
+        if key == "gap_to_lp_bound":
+            return f"{100 * value:.2f}%"
+        if key == "solve_s":
+            return f"{value:.3f}"
+    return value
 
 
 @dashboard_view(role=Role.OPERATOR, methods=("POST",))

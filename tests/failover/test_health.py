@@ -18,7 +18,7 @@ def test_region_states():
     assert region_state(RegionCounts(serving=2, starting=0, failed_recently=0))[0] == "healthy"
     assert region_state(RegionCounts(0, 0, 0)) == ("healthy", "no replicas")
     state, reason = region_state(RegionCounts(1, 0, failed_recently=1, open_incident=True))
-    assert state == "degraded" and "1 serve" in reason
+    assert state == "degraded" and reason == "1 replica failed recently; 1 serves"
     # Once the failure has been answered (its incident resolved) the region is healthy again.
     assert region_state(RegionCounts(1, 0, failed_recently=1))[0] == "healthy"
     # One lost replica alone is that replica's problem, not the region's.
