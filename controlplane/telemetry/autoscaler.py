@@ -123,11 +123,21 @@ def _fleets(ids: list[int]) -> dict[int, Fleet]:
 
 
 def _histories(ids: list[int]) -> dict[int, History]:
+    """When each deployment last scaled up and down. An applied placement plan that changed
+    it counts as a scale-up: its replicas are not undone before the scale-down cooldown."""
+    from controlplane.placement.models import PlanChange
+
     last: dict[int, dict[str, float]] = defaultdict(dict)
     rows = (ScalingDecision.objects.filter(deployment_id__in=ids)
             .values("deployment_id", "direction").order_by().annotate(at=Max("at")))
     for row in rows:
         last[row["deployment_id"]][row["direction"]] = row["at"].timestamp()
+    plans = (PlanChange.objects.filter(deployment_id__in=ids, plan__applied_at__isnull=False)
+             .values("deployment_id").order_by().annotate(at=Max("plan__applied_at")))
+    for row in plans:
+        applied = row["at"].timestamp()
+        if applied > last[row["deployment_id"]].get(UP, 0.0):
+            last[row["deployment_id"]][UP] = applied
     return {pk: History(last[pk].get(UP), last[pk].get(DOWN)) for pk in ids}
 
 

@@ -181,6 +181,22 @@ def test_idle_replicas_are_drained_idlest_and_dearest_first(  # type: ignore[no-
     assert AuditLog.objects.filter(action="deployment.scale_down").exists()
 
 
+def test_replicas_a_plan_just_added_are_not_drained_before_the_cooldown(catalog):  # type: ignore[no-untyped-def]
+    from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+
+    d = make_deployment(catalog, min_replicas=1, scale_down_cooldown_s=300)
+    replicas = ready_replicas(d, catalog["fra"], 3, catalog["h100"])
+    store_rounds(replicas, 70, end=timezone.now(), running=0, kv_usage=0.0)
+    plan = Plan.objects.create(status=PlanStatus.APPLIED, proposed_by="ops",
+                               applied_at=timezone.now() - timedelta(seconds=90))
+    PlanChange.objects.create(plan=plan, deployment=d, action=ChangeAction.ADD,
+                              region=catalog["fra"], count=2)
+    assert [o.recorded for o in autoscaler.run()] == [None]
+    Plan.objects.filter(pk=plan.pk).update(applied_at=timezone.now() - timedelta(seconds=301))
+    [outcome] = autoscaler.run()
+    assert outcome.recorded is not None and outcome.recorded.direction == "down"
+
+
 def test_spread_is_kept_when_draining(catalog):  # type: ignore[no-untyped-def]
     d = make_deployment(catalog, min_replicas=2, spread_regions=2, scale_down_cooldown_s=60)
     fra = ready_replicas(d, catalog["fra"], 2, catalog["h100"])
@@ -262,4 +278,4 @@ def test_a_tick_reads_the_same_few_queries_for_one_deployment_or_many(catalog): 
     for i in range(1, 8):
         d = make_deployment(catalog, name=f"d{i}", scale_down_cooldown_s=60)
         store_rounds(ready_replicas(d, catalog["fra"], 2, catalog["h100"]), 70, running=15)
-    assert tick_queries() == one <= 7
+    assert tick_queries() == one <= 8
