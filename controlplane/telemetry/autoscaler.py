@@ -134,10 +134,10 @@ def _histories(ids: list[int]) -> dict[int, History]:
         last[row["deployment_id"]][row["direction"]] = row["at"].timestamp()
     plans = (PlanChange.objects.filter(deployment_id__in=ids, plan__applied_at__isnull=False)
              .values("deployment_id").order_by().annotate(at=Max("plan__applied_at")))
-    for row in plans:
-        applied = row["at"].timestamp()
-        if applied > last[row["deployment_id"]].get(UP, 0.0):
-            last[row["deployment_id"]][UP] = applied
+    for change in plans:
+        applied = change["at"].timestamp()
+        if applied > last[change["deployment_id"]].get(UP, 0.0):
+            last[change["deployment_id"]][UP] = applied
     return {pk: History(last[pk].get(UP), last[pk].get(DOWN)) for pk in ids}
 
 
