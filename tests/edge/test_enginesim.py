@@ -115,7 +115,7 @@ def test_streams_from_enginesim_arrive_byte_identical(
                 assert received == response_body(bytes(relay.downstream))
                 assert len(chunks) > 3
                 await wait_until(lambda: edge.edge.metrics.tokens.get(
-                    ("sim", "acme", "completion")) == 20)
+                    ("sim", "local:lab-1", "acme", "completion")) == 20)
         finally:
             await relay.stop()
 

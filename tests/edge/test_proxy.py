@@ -110,7 +110,7 @@ def test_stream_is_byte_identical_to_the_engines(edge_with: Callable[..., Any],
             chunks = [chunk async for chunk in response.content.iter_any()]
             assert b"".join(chunks) == expected
             assert len(chunks) > 5  # relayed as it came, not gathered into one piece
-            await wait_until(lambda: edge.edge.metrics.tokens.get(("m", "acme", "completion"))
+            await wait_until(lambda: edge.edge.metrics.tokens.get(("m", "local:lab-1", "acme", "completion"))
                              >= 12)
             assert edge.edge.metrics.itl.count(("m",)) >= 5
 
