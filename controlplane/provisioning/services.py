@@ -338,18 +338,44 @@ def reconcile() -> ReconcileReport:
     return report
 
 
+def _wanted_replica_ids() -> set[str]:
+    return {f"r-{pk}" for pk in
+            Replica.objects.filter(state__in=LIVE_STATES).values_list("pk", flat=True)}
+
+
 def reap_unowned() -> list[str]:
-    """Release provider resources that no live replica row owns (e.g. after a crash)."""
-    wanted = {
-        f"r-{pk}" for pk in Replica.objects.filter(state__in=LIVE_STATES).values_list("pk", flat=True)
-    }
+    """Release local processes that no live replica row owns (e.g. after a crash); runs
+    with every reconcile, since looking costs nothing."""
     reaped: list[str] = []
     for name in ("local",):
         provider = get_provider(name)
         if provider.capabilities.adopts_after_restart:
-            _, gone = provider.adopt_or_reap(wanted)
+            _, gone = provider.adopt_or_reap(_wanted_replica_ids())
             reaped.extend(gone)
     return reaped
+
+
+def reap_cloud_clusters() -> dict[str, list[str]]:
+    """`sky down` every Meridian cluster (`mrd-r-N`) that no live replica owns: a launch the
+    control plane lost track of (a crash between the launch and saving its handle, a row
+    deleted by hand). Each look costs SkyPilot API-server requests, so this runs on its own
+    slow schedule, and only once this control plane has ever launched through SkyPilot."""
+    if not Replica.objects.filter(provider="skypilot").exists():
+        return {"adopted": [], "reaped": []}
+    recorder = start_operation(OperationKind.RECONCILE, "skypilot", None)
+    try:
+        adopted, reaped = get_provider("skypilot").adopt_or_reap(_wanted_replica_ids())
+    except ProviderError as exc:
+        recorder.note(f"provider refused: {exc}")
+        recorder.finish(False, exc.kind)
+        raise
+    recorder.note(f"kept {len(adopted)} cluster(s); took down {', '.join(reaped) or 'none'}")
+    recorder.finish(True)
+    if reaped:
+        record_audit("system:reconcile", "provisioning.reap", object_type="provisioning.cluster",
+                     object_id=",".join(reaped), reason="clusters no live replica owns",
+                     changes={"reaped": reaped})
+    return {"adopted": adopted, "reaped": reaped}
 
 
 def terminate_failed(replica: Replica) -> None:

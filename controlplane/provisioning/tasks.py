@@ -47,3 +47,11 @@ def reconcile_replicas() -> dict[str, object]:
         if not acquired:
             return {"skipped": "another worker is reconciling"}
         return services.reconcile().as_dict()
+
+
+@shared_task(name="provisioning.reap_cloud_clusters")
+def reap_cloud_clusters() -> dict[str, list[str]]:
+    with advisory_lock("provisioning.reap_cloud") as acquired:
+        if not acquired:
+            return {"adopted": [], "reaped": [], "skipped": ["another worker is reaping"]}
+        return services.reap_cloud_clusters()

@@ -631,3 +631,32 @@ def test_smoke_real_cluster() -> None:  # pragma: no cover - needs a cloud accou
             sky.api_stop()
         except Exception:
             pass
+
+
+@pytest.mark.django_db
+def test_the_scheduled_reaper_takes_down_clusters_no_live_replica_owns(  # type: ignore[no-untyped-def]
+        fake, provider, catalog):
+    from controlplane.core.models import AuditLog
+    from controlplane.deployments.models import Deployment, Replica
+    from controlplane.deployments.models import ReplicaState as S
+    from controlplane.provisioning import services
+
+    # Never launched through SkyPilot: nothing is asked of it.
+    assert services.reap_cloud_clusters() == {"adopted": [], "reaped": []}
+    assert fake.calls == []
+    d = Deployment.objects.create(name="d", served_model_name="m", model=catalog["llama8b"])
+    live = Replica.objects.create(deployment=d, region=catalog["fra"], provider="skypilot",
+                                  state=S.READY)
+    gone = Replica.objects.create(deployment=d, region=catalog["fra"], provider="skypilot",
+                                  state=S.TERMINATED)
+    for replica in (live, gone):
+        fake.cluster_up(f"mrd-{replica.public_id}")
+    fake.cluster_up("someone-elses")
+    services.set_provider("skypilot", provider)
+    try:
+        result = services.reap_cloud_clusters()
+    finally:
+        services.set_provider("skypilot", None)
+    assert result == {"adopted": [live.public_id], "reaped": [gone.public_id]}
+    assert sorted(fake.clusters) == [f"mrd-{live.public_id}", "someone-elses"]
+    assert AuditLog.objects.filter(action="provisioning.reap").exists()
