@@ -51,6 +51,18 @@ def test_sync_schedules_is_idempotent():  # type: ignore[no-untyped-def]
     assert sync_schedules() == [SCHEDULES[0].name]
 
 
+def test_every_scheduled_task_exists_and_queues_where_its_worker_listens():  # type: ignore[no-untyped-def]
+    from controlplane.celery import app
+
+    app.loader.import_default_modules()
+    missing = [s.task for s in SCHEDULES if s.task not in app.tasks]
+    assert missing == []
+    assert {s.queue for s in SCHEDULES} <= {"control", "provision"}
+    # The fast loops must not wait behind provider jobs.
+    fast = {s.task for s in SCHEDULES if s.every_s <= 2}
+    assert fast and all(s.queue == "control" for s in SCHEDULES if s.task in fast)
+
+
 def test_create_api_token_prints_token_last(tenants):  # type: ignore[no-untyped-def]
     out = StringIO()
     call_command("create_api_token", "alice", "--role", "operator", "--tenant", "acme", stdout=out)
