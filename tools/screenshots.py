@@ -50,6 +50,12 @@ def main() -> int:
             page.goto(args.base + path, wait_until="load")
             page.wait_for_selector(ready, state="attached", timeout=15_000)
             page.wait_for_timeout(800)  # let plotly finish its transitions
+            if name == "plans":  # the newest plan's diff says more than the list
+                link = page.locator("table a[href*='/plans/']").first
+                if link.count():
+                    link.click()
+                    page.wait_for_load_state("load")
+                    name = "plan"
             target = args.out / f"{name}.png"
             page.screenshot(path=str(target), full_page=False)
             print(f"saved {target.relative_to(REPO) if target.is_relative_to(REPO) else target}",
