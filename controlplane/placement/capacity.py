@@ -12,10 +12,11 @@ GPU) and the KV cache, so a replica on g GPUs of M GiB holds `concurrency` seque
 
 Parallelism. vLLM shards attention heads over tensor-parallel (TP) ranks: the attention
 heads must divide by tp, and the KV heads must divide by tp or tp by them. TP stays inside a
-node; when the largest valid TP of one node cannot hold the model, pipeline parallelism (PP)
-spans nodes, one stage per node. A replica pays for whole nodes; when its TP is smaller than
-the node, the node runs `gpus_per_node // tp` engines side by side (vLLM's data parallelism),
-so no GPU that is paid for sits idle.
+node; pipeline parallelism (PP) stages split evenly over the nodes. A deployment sets its TP
+and PP and every replica is launched with them as one `vllm serve` engine (provisioning
+starts no data-parallel engines), so `replica_shape` sizes exactly that engine on an offer's
+nodes: ⌈tp × pp ÷ GPUs per node⌉ nodes, all paid for, and GPUs beyond tp × pp sit idle.
+`parallel_layout` finds the smallest layout that fits, for choosing a deployment's settings.
 
 Speed. Decode is memory-bound: every step reads the active weights once and the KV cache of
 every sequence in the batch (on average half the context is filled), so one engine makes
@@ -74,11 +75,15 @@ class ReplicaShape:
 
     tensor_parallel: int
     pipeline_parallel: int
-    data_parallel: int  # engines per replica (whole node, TP smaller than the node)
     nodes: int
     gpus: int  # every GPU of the replica's nodes: what it pays for and counts against quota
-    max_concurrency: int  # sequences of the target context the replica holds, all engines
-    tokens_per_s: float  # decode throughput of the replica, all engines
+    max_concurrency: int  # sequences of the target context its engine holds
+    tokens_per_s: float  # decode throughput of its engine
+
+    @property
+    def ranks(self) -> int:
+        """GPUs the engine runs on (tp × pp); the rest of `gpus` is paid for but idle."""
+        return self.tensor_parallel * self.pipeline_parallel
 
 
 def bytes_per_element(dtype: str) -> float:
@@ -214,18 +219,38 @@ class ThroughputProfile:
 DEFAULT_PROFILE = ThroughputProfile()
 
 
-def replica_shape(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, context: int,
-                  batch: int = DEFAULT_BATCH,
-                  profile: ThroughputProfile = DEFAULT_PROFILE) -> ReplicaShape | None:
-    """How a replica runs on nodes of `gpus_per_node` GPUs holding `batch` sequences of
-    `context` tokens per engine, or None when it fits on no more than MAX_PIPELINE_NODES."""
-    layout = parallel_layout(model, gpu, gpus_per_node, batch, context)
-    if layout is None:
+def replica_nodes(tensor_parallel: int, pipeline_parallel: int, gpus_per_node: int
+                  ) -> int | None:
+    """Nodes of `gpus_per_node` GPUs that one engine of tp × pp ranks is launched on, or None
+    when such nodes cannot hold it: a TP group stays inside one node, and pipeline stages
+    split evenly over the nodes. Provisioning launches replicas on exactly this many."""
+    if min(tensor_parallel, pipeline_parallel, gpus_per_node) < 1:
         return None
-    tp, pp = layout
-    engines = gpus_per_node // tp if pp == 1 else 1
+    if tensor_parallel > gpus_per_node:
+        return None
+    nodes = -(-tensor_parallel * pipeline_parallel // gpus_per_node)
+    if pipeline_parallel % nodes:
+        return None
+    return nodes
+
+
+def replica_shape(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, context: int,
+                  batch: int = DEFAULT_BATCH, profile: ThroughputProfile = DEFAULT_PROFILE, *,
+                  tensor_parallel: int, pipeline_parallel: int) -> ReplicaShape | None:
+    """How a replica launched with `tensor_parallel` × `pipeline_parallel` runs on nodes of
+    `gpus_per_node` GPUs: one engine holding `batch` sequences of `context` tokens. None when
+    the layout is not one vLLM can shard the model by, the nodes cannot hold it, or the
+    model and that KV do not fit its GPUs."""
+    tp, pp = tensor_parallel, pipeline_parallel
+    if not valid_tensor_parallel(model, tp) or pp > model.layers:
+        return None
+    nodes = replica_nodes(tp, pp, gpus_per_node)
+    if nodes is None:
+        return None
     per_engine = max_concurrency(model, gpu, tp * pp, context, tensor_parallel=tp)
-    rate = profile.engine_tokens_per_s(model, gpu, tp, pp, min(batch, per_engine), context)
-    return ReplicaShape(tensor_parallel=tp, pipeline_parallel=pp, data_parallel=engines,
-                        nodes=pp, gpus=pp * gpus_per_node, max_concurrency=per_engine * engines,
-                        tokens_per_s=rate * engines)
+    if per_engine < max(batch, 1):
+        return None
+    rate = profile.engine_tokens_per_s(model, gpu, tp, pp, batch, context)
+    return ReplicaShape(tensor_parallel=tp, pipeline_parallel=pp, nodes=nodes,
+                        gpus=nodes * gpus_per_node, max_concurrency=per_engine,
+                        tokens_per_s=rate)

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from controlplane.placement.capacity import replica_nodes, valid_tensor_parallel
+
 if TYPE_CHECKING:
     from controlplane.placement.solver import (
         Candidate,
@@ -94,12 +96,31 @@ def why_not_an_option(d: DeploymentRequest, o: OfferOption | None, spot: bool,
         return (f"{o.region} is {rtt:.0f} ms round trip from its users; its TTFT SLO of "
                 f"{d.ttft_slo_ms:.0f} ms leaves {budget:.0f} ms for the network")
     if index.shape(d, o) is None:
-        return (f"{d.model.name} at {d.context:,} tokens × {d.batch} sequences does not fit "
-                f"{o.gpus_per_node}× {o.gpu.name} nodes")
+        return unfit(d, o)
     if spot and (o.spot_usd_h is None or d.max_spot_fraction <= 0):
         return ("no spot market there any more" if o.spot_usd_h is None
                 else f"{d.name} no longer allows spot replicas")
     return None
+
+
+def layout(d: DeploymentRequest) -> str:
+    """The engine layout a deployment's replicas are launched with."""
+    return (f"tp {d.tensor_parallel}" if d.pipeline_parallel == 1
+            else f"tp {d.tensor_parallel} × pp {d.pipeline_parallel}")
+
+
+def unfit(d: DeploymentRequest, o: OfferOption) -> str:
+    """Why `d`'s engine cannot run on `o`'s nodes."""
+    tp, pp = d.tensor_parallel, d.pipeline_parallel
+    if not valid_tensor_parallel(d.model, tp):
+        return (f"tensor_parallel {tp} cannot shard {d.model.name}'s "
+                f"{d.model.attention_heads} attention and {d.model.kv_heads} KV heads")
+    if replica_nodes(tp, pp, o.gpus_per_node) is None:
+        return (f"{o.gpus_per_node}× {o.gpu.name} nodes cannot hold {d.name}'s engine "
+                f"({layout(d)}: a TP group stays in one node, pipeline stages split evenly "
+                "over nodes)")
+    return (f"{d.model.name} at {d.context:,} tokens × {d.batch} sequences does not fit "
+            f"{tp * pp}× {o.gpu.name} ({layout(d)})")
 
 
 def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: CandidateIndex) -> str:
@@ -116,9 +137,11 @@ def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: Candidate
                 f"its users (half its TTFT SLO of {d.ttft_slo_ms:.0f} ms); the nearest, "
                 f"{nearest.region}, is {index.rtt(d, nearest):.0f} ms away")
     biggest = max(near, key=lambda o: o.gpu.memory_gib * o.gpus_per_node)
-    return (f"{d.name}: {d.model.name} at {d.context:,} tokens × {d.batch} sequences fits no "
-            f"offer in {_where(d)} near its users (the largest is {biggest.gpus_per_node}× "
-            f"{biggest.gpu.name} per node, pipelined over at most four nodes)")
+    return (f"{d.name}: its engine ({layout(d)}) with {d.model.name} at {d.context:,} tokens "
+            f"× {d.batch} sequences runs on no offer in {_where(d)} near its users (the "
+            f"largest node is {biggest.gpus_per_node}× {biggest.gpu.name}: "
+            f"{unfit(d, biggest)}); change its tensor_parallel/pipeline_parallel or allow "
+            "more places")
 
 
 def precheck(problem: PlacementProblem, blocks: Mapping[int, _Block],
@@ -223,13 +246,15 @@ def _quota_words(problem: PlacementProblem, blocks: Mapping[int, _Block],
 
 def describe_option(c: Candidate) -> str:
     s = c.shape
-    layout = f"tp {s.tensor_parallel}"
+    engine = f"tp {s.tensor_parallel}"
     if s.pipeline_parallel > 1:
-        layout += f", pp {s.pipeline_parallel} over {s.nodes} nodes"
-    if s.data_parallel > 1:
-        layout += f", {s.data_parallel} engines"
+        engine += f", pp {s.pipeline_parallel}"
+    if s.nodes > 1:
+        engine += f" over {s.nodes} nodes"
+    if s.ranks < s.gpus:
+        engine += f"; {s.gpus - s.ranks} of {s.gpus} GPUs idle"
     market = "spot" if c.spot else "on demand"
-    return f"{c.offer.gpu.name}×{c.offer.gpus_per_node} {market} ({layout})"
+    return f"{c.offer.gpu.name}×{c.offer.gpus_per_node} {market} ({engine})"
 
 
 def add_reason(d: DeploymentRequest, c: Candidate, count: int, best: Candidate,

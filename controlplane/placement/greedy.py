@@ -46,7 +46,7 @@ def place_greedy(problem: PlacementProblem) -> PlacementResult:
             assignments.append(Assignment(
                 d.id, c.offer.id, c.spot, n, c.usd_h * n, c.gpus * n, c.offer.region,
                 c.offer.gpu.name, c.shape.tensor_parallel, c.shape.pipeline_parallel,
-                c.shape.data_parallel))
+                c.shape.nodes))
     cost = sum(a.usd_h for a in assignments)
     if unplaced:
         # No plan for the fleet; what it placed is kept so that the benchmark can compare

@@ -41,6 +41,9 @@ def deployment_request(d: Deployment) -> DeploymentRequest:
         spread_regions=d.spread_regions, max_spot_fraction=d.max_spot_fraction,
         ttft_slo_ms=d.slo_ttft_p95_ms,
         user_locations=tuple((r.latitude, r.longitude) for r in d.user_regions.all()),
+        # Provisioning launches every replica with these (`provisioning.services.spec_for`),
+        # so the plan is sized and priced for them.
+        tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
     )
 
 

@@ -33,6 +33,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
+from controlplane.costs.services import replica_nodes as replica_nodes_launched
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -172,7 +173,8 @@ def find_broken_rules(deployments: list[Deployment], options: tuple[OfferOption,
 
 
 class _Shapes:
-    """Nodes per replica from the capacity model, for the offers that are options."""
+    """Nodes per replica, as provisioning launched it: the deployment's tp × pp ranks on
+    its offer's nodes (see `capacity.replica_nodes`)."""
 
     def __init__(self, deployments: list[Deployment], options: tuple[OfferOption, ...]) -> None:
         self.options = {o.id: o for o in options}
@@ -182,8 +184,11 @@ class _Shapes:
     def nodes(self, r: Replica) -> int:
         o = self.options.get(r.offer_id) if r.offer_id else None
         d = self.requests.get(r.deployment_id)
-        shape = self.index.shape(d, o) if o is not None and d is not None else None
-        return shape.nodes if shape else 1
+        if o is None or d is None:
+            return 1
+        shape = self.index.shape(d, o)
+        return shape.nodes if shape else replica_nodes_launched(
+            d.tensor_parallel, d.pipeline_parallel, o.gpus_per_node)
 
 
 def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:

@@ -96,6 +96,10 @@ class DeploymentRequest:
     user_locations: tuple[tuple[float, float], ...] = ()  # (lat, lon) of its users
     headroom: float = 1.2
     batch: int = DEFAULT_BATCH  # sequences per engine the replica must hold at `context`
+    # The engine every replica is launched with (the deployment's settings): offers are
+    # sized, priced and counted against quota for exactly this layout.
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
 
     @property
     def required_tokens_per_s(self) -> float:
@@ -167,7 +171,7 @@ class Assignment:
     gpu: str = ""
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    data_parallel: int = 1
+    nodes: int = 1  # per replica
 
 
 @dataclass(frozen=True)
@@ -269,17 +273,19 @@ class CandidateIndex:
                  profile: ThroughputProfile = DEFAULT_PROFILE) -> None:
         self.offers = tuple(offers)
         self.profile = profile
-        self._shapes: dict[tuple[ModelSpec, str, float, int, int, int], ReplicaShape | None] = {}
+        self._shapes: dict[tuple[object, ...], ReplicaShape | None] = {}
         self._rtt: dict[tuple[tuple[tuple[float, float], ...], str], float] = {}
         self._lists: dict[tuple[object, ...], list[Candidate]] = {}
         self._jurisdictions: _JurisdictionIndex | None = None
         self._dominance: dict[tuple[object, ...], list[Candidate]] = {}
 
     def shape(self, d: DeploymentRequest, o: OfferOption) -> ReplicaShape | None:
-        key = (d.model, o.gpu.name, o.gpu.memory_gib, o.gpus_per_node, d.context, d.batch)
+        key = (d.model, o.gpu.name, o.gpu.memory_gib, o.gpus_per_node, d.context, d.batch,
+               d.tensor_parallel, d.pipeline_parallel)
         if key not in self._shapes:
-            self._shapes[key] = replica_shape(d.model, o.gpu, o.gpus_per_node, d.context,  # type: ignore[arg-type]
-                                              d.batch, self.profile)
+            self._shapes[key] = replica_shape(
+                d.model, o.gpu, o.gpus_per_node, d.context, d.batch, self.profile,
+                tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel)
         return self._shapes[key]
 
     def rtt(self, d: DeploymentRequest, o: OfferOption) -> float:
@@ -291,8 +297,9 @@ class CandidateIndex:
     def options(self, d: DeploymentRequest, prune: bool = True) -> list[Candidate]:
         """Every allowed, close-enough, fitting (offer, spot) of `d`; with `prune`, only
         those that no other option of the same quota pool beats on price, speed and GPUs."""
-        key = (d.model, d.context, d.batch, d.allowed_jurisdictions, d.allowed_regions,
-               d.max_spot_fraction > 0, prune, d.user_locations, network_budget_ms(d))
+        key = (d.model, d.context, d.batch, d.tensor_parallel, d.pipeline_parallel,
+               d.allowed_jurisdictions, d.allowed_regions, d.max_spot_fraction > 0, prune,
+               d.user_locations, network_budget_ms(d))
         found = self._lists.get(key)
         if found is None:
             # The latency filter drops whole regions, so it commutes with pruning inside
@@ -1125,7 +1132,10 @@ def _running_price(e: ExistingReplica, o: OfferOption | None, d: DeploymentReque
     nodes = 1
     if d is not None:
         shape = fleet.index.shape(d, o)
-        nodes = shape.nodes if shape else 1
+        # A replica its offer's nodes cannot hold (launched before its settings changed)
+        # is priced as provisioning sized it: enough nodes for every rank.
+        nodes = shape.nodes if shape else max(
+            1, -(-d.tensor_parallel * d.pipeline_parallel // o.gpus_per_node))
     price = o.spot_usd_h if e.spot and o.spot_usd_h is not None else o.on_demand_usd_h
     return price * nodes
 
@@ -1140,7 +1150,7 @@ def _result(problem: PlacementProblem, fleet: _Fleet, plans: Mapping[int, _Plan]
             assignments.append(Assignment(
                 d.id, c.offer.id, c.spot, n, c.usd_h * n, c.gpus * n, c.offer.region,
                 c.offer.gpu.name, c.shape.tensor_parallel, c.shape.pipeline_parallel,
-                c.shape.data_parallel))
+                c.shape.nodes))
     changes = _changes(problem, fleet, plans)
     cost_after = sum(a.usd_h for a in assignments)
     removed = sum(c.count for c in changes if c.action == "remove")

@@ -12,6 +12,7 @@ from controlplane.placement.capacity import (
     kv_bytes_per_token,
     max_concurrency,
     parallel_layout,
+    replica_nodes,
     replica_shape,
     smallest_tensor_parallel,
     tensor_parallel_sizes,
@@ -90,31 +91,66 @@ def test_405b_pipelines_over_two_h100_nodes():
     # Two nodes: 16 × 70.5 = 1,128 GiB; less 756 GiB of weights leaves room for 94
     # sequences of 8,192 tokens at 504 KiB a token.
     assert parallel_layout(LLAMA_405B, H100, 8, 16, 8192) == (8, 2)
-    shape = replica_shape(LLAMA_405B, H100, 8, 8192, batch=16)
+    shape = replica_shape(LLAMA_405B, H100, 8, 8192, batch=16, tensor_parallel=8,
+                          pipeline_parallel=2)
     assert shape is not None
     assert (shape.tensor_parallel, shape.pipeline_parallel, shape.nodes, shape.gpus) == (8, 2, 2, 16)
     assert shape.max_concurrency == 94
 
 
-def test_too_big_for_four_nodes_is_not_placed():
-    assert replica_shape(LLAMA_405B, L4, 8, 8192) is None
+def test_too_big_for_its_layout_is_not_placed():
+    # Four 8×L4 nodes hold 804 GiB: not 405B's 756 GiB of weights and KV for 32 sequences.
+    assert replica_shape(LLAMA_405B, L4, 8, 8192, tensor_parallel=8, pipeline_parallel=4) is None
+    # 70B on one H100 (70.5 GiB usable) at TP 1 does not fit, whatever else the node has.
+    assert replica_shape(LLAMA_70B, H100, 8, 4096, tensor_parallel=1, pipeline_parallel=1) is None
 
 
 def test_decode_rate_from_memory_bandwidth():
     # One H100, batch 32 at 4,096 tokens: each step reads 16.06 GB of weights and
     # 32 × 2,048 × 128 KiB = 8.59 GB of KV at 3,350 GB/s × 0.6: 32 / 12.26 ms.
-    shape = replica_shape(LLAMA_8B, H100, 1, 4096)
+    shape = replica_shape(LLAMA_8B, H100, 1, 4096, tensor_parallel=1, pipeline_parallel=1)
     assert shape is not None
     assert shape.tokens_per_s == pytest.approx(32 * 3350e9 * 0.6 / (16.06e9 + 8.589934592e9))
     assert shape.tokens_per_s == pytest.approx(2609.3, abs=0.1)
 
 
-def test_a_whole_node_runs_one_engine_per_tp_group():
-    one = replica_shape(LLAMA_8B, H100, 1, 4096)
-    eight = replica_shape(LLAMA_8B, H100, 8, 4096)
+def test_a_bigger_node_runs_the_same_one_engine_and_pays_for_idle_gpus():
+    # Provisioning launches one `vllm serve` per replica, never data-parallel engines: an
+    # 8-GPU node serves what one GPU serves, and every GPU of it is paid for.
+    one = replica_shape(LLAMA_8B, H100, 1, 4096, tensor_parallel=1, pipeline_parallel=1)
+    eight = replica_shape(LLAMA_8B, H100, 8, 4096, tensor_parallel=1, pipeline_parallel=1)
     assert one and eight
-    assert (eight.tensor_parallel, eight.data_parallel, eight.gpus) == (1, 8, 8)
-    assert eight.tokens_per_s == pytest.approx(8 * one.tokens_per_s)
+    assert (eight.tensor_parallel, eight.ranks, eight.nodes, eight.gpus) == (1, 1, 1, 8)
+    assert eight.tokens_per_s == one.tokens_per_s
+    assert eight.max_concurrency == one.max_concurrency
+
+
+def test_the_configured_tensor_parallelism_is_the_one_sized():
+    # TP 4 of 70B (the smallest that fits at this concurrency, see above) and TP 8 both fit
+    # one 8×H100 node; each is sized as configured, not as the smallest.
+    four = replica_shape(LLAMA_70B, H100, 8, 4096, batch=8, tensor_parallel=4,
+                         pipeline_parallel=1)
+    eight = replica_shape(LLAMA_70B, H100, 8, 4096, batch=8, tensor_parallel=8,
+                          pipeline_parallel=1)
+    assert four and eight
+    assert (four.tensor_parallel, eight.tensor_parallel) == (4, 8)
+    assert eight.max_concurrency > four.max_concurrency
+    assert eight.tokens_per_s > four.tokens_per_s
+    # TP 3 does not divide 64 attention heads: vLLM refuses it, so no shape.
+    assert replica_shape(LLAMA_70B, H100, 8, 4096, tensor_parallel=3, pipeline_parallel=1) is None
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "per_node", "nodes"),
+    [
+        (1, 1, 8, 1), (2, 1, 2, 1), (2, 2, 4, 1), (8, 2, 8, 2), (4, 4, 8, 2), (1, 4, 1, 4),
+        (2, 1, 1, None),  # a TP group stays inside one node
+        (8, 1, 4, None),
+        (4, 3, 8, None),  # 12 ranks on two 8-GPU nodes: three stages do not split over two
+    ],
+)
+def test_nodes_a_layout_is_launched_on(tp, pp, per_node, nodes):  # type: ignore[no-untyped-def]
+    assert replica_nodes(tp, pp, per_node) == nodes
 
 
 def test_tensor_parallel_costs_some_bandwidth():
@@ -125,14 +161,16 @@ def test_tensor_parallel_costs_some_bandwidth():
 
 def test_measured_throughput_overrides_the_formula():
     profile = ThroughputProfile(measured={("llama-3.1-8b", "H100", 1, 1): 3000.0})
-    shape = replica_shape(LLAMA_8B, H100, 2, 4096, profile=profile)
-    assert shape is not None and shape.tokens_per_s == 6000.0  # two engines
+    shape = replica_shape(LLAMA_8B, H100, 2, 4096, profile=profile, tensor_parallel=1,
+                          pipeline_parallel=1)
+    assert shape is not None and shape.tokens_per_s == 3000.0  # one engine, as launched
 
 
 def test_gpu_efficiency_is_editable():
     slow = ThroughputProfile(bandwidth_efficiency={"H100": 0.3})
-    base = replica_shape(LLAMA_8B, H100, 1, 4096)
-    halved = replica_shape(LLAMA_8B, H100, 1, 4096, profile=slow)
+    base = replica_shape(LLAMA_8B, H100, 1, 4096, tensor_parallel=1, pipeline_parallel=1)
+    halved = replica_shape(LLAMA_8B, H100, 1, 4096, profile=slow, tensor_parallel=1,
+                           pipeline_parallel=1)
     assert base and halved and halved.tokens_per_s == pytest.approx(base.tokens_per_s / 2)
 
 

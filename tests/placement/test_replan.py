@@ -29,10 +29,13 @@ SEEN = datetime(2026, 11, 1, tzinfo=UTC)
 
 @pytest.fixture
 def world(catalog, tenants):  # type: ignore[no-untyped-def]
-    """chat-eu: two replicas on Frankfurt's L4 nodes, where the solver puts them today."""
+    """chat-eu: two replicas on Frankfurt's L4 nodes, where the solver puts them today.
+
+    Its engine is pipelined over three stages: 8B at 8,192 tokens × 32 sequences needs three
+    L4s, one per single-GPU node."""
     fx = {**catalog, **tenants}
     d = make_deployment(fx, "chat-eu")
-    d.min_replicas, d.max_replicas = 2, 4
+    d.min_replicas, d.max_replicas, d.pipeline_parallel = 2, 4, 3
     d.save()
     fra_l4 = Offer.objects.get(region=catalog["fra"], gpu_type=catalog["l4"])
     running = [Replica.objects.create(deployment=d, region=catalog["fra"], offer=fra_l4,

@@ -27,6 +27,7 @@ from tests.placement.conftest import (
     H100,
     L4,
     L40S,
+    LLAMA_8B,
     LLAMA_405B,
     make_deployment,
     make_offer,
@@ -140,10 +141,58 @@ def test_a_deployment_allowed_to_scale_to_zero_gets_nothing(offer, deployment):
 
 
 def test_pipelined_replicas_pay_for_every_node(offer, deployment):
-    d = deployment(model=LLAMA_405B, context=8192, batch=16, max_replicas=2)
+    d = deployment(model=LLAMA_405B, context=8192, batch=16, max_replicas=2, tensor_parallel=8,
+                   pipeline_parallel=2)
     result = solve(PlacementProblem((d,), (offer(1, 0, H100, per_node=8, price=50.0),)))
     (a,) = result.assignments
-    assert (a.gpus, a.usd_h, a.tensor_parallel, a.pipeline_parallel) == (16, 100.0, 8, 2)
+    assert (a.gpus, a.usd_h, a.tensor_parallel, a.pipeline_parallel, a.nodes) == (
+        16, 100.0, 8, 2, 2)
+    assert "tp 8, pp 2 over 2 nodes" in result.changes[0].reason
+
+
+# -- the engine as launched: the deployment's TP × PP -----------------------------------------
+
+def test_offers_whose_nodes_cannot_hold_the_configured_engine_are_not_used(offer, deployment):
+    # TP 2 needs two GPUs in one node: the cheap single-H100 nodes cannot run it, though
+    # the model would fit one H100 at TP 1.
+    offers = (offer(1, 0, H100, per_node=1, price=2.0), offer(2, 1, H100, per_node=2, price=7.0))
+    d = deployment(tensor_parallel=2)
+    result = solve(PlacementProblem((d,), offers))
+    (a,) = result.assignments
+    assert (a.offer_id, a.tensor_parallel, a.gpus, a.usd_h) == (2, 2, 2, 7.0)
+    shape = replica_shape(LLAMA_8B, H100, 2, 4096, tensor_parallel=2, pipeline_parallel=1)
+    assert shape is not None
+    (change,) = result.changes
+    assert "(tp 2)" in change.reason and f"~{shape.tokens_per_s:,.0f} tok/s" in change.reason
+
+
+def test_a_bigger_node_is_not_counted_as_several_engines(offer, deployment):
+    # One engine per replica: an 8×H100 node at TP 1 serves what one H100 serves, so seven
+    # single-H100 replicas ($28/h) meet 15,000 × 1.2 tok/s, not one 8-GPU node ($20/h).
+    offers = (offer(1, 0, H100, per_node=8, price=20.0, spot=None),
+              offer(2, 1, H100, per_node=1, price=4.0, spot=None))
+    d = deployment(tokens_per_s=15000.0, max_replicas=10)
+    result = solve(PlacementProblem((d,), offers, mip_rel_gap=EXACT))
+    assert [(a.offer_id, a.count) for a in result.assignments] == [(2, 7)]
+    assert result.cost_after_usd_h == pytest.approx(28.0)
+
+
+def test_no_node_holding_the_engine_is_explained(offer, deployment):
+    d = deployment(tensor_parallel=4)
+    result = solve(PlacementProblem((d,), (offer(1, 0, H100, per_node=2),)))
+    assert result.status == "infeasible"
+    (why,) = result.explanation
+    assert "its engine (tp 4)" in why and "2× H100 nodes cannot hold d1's engine" in why
+
+
+def test_a_running_replica_whose_nodes_cannot_hold_the_engine_is_replaced(offer, deployment):
+    # Runs on single-H100 nodes from before its TP was raised to 2.
+    offers = (offer(1, 0, H100, per_node=1, price=2.0), offer(2, 1, H100, per_node=2, price=7.0))
+    running = (ExistingReplica(1, 1, False, 1),)
+    result = solve(PlacementProblem((deployment(tensor_parallel=2),), offers, {}, running))
+    assert {(c.action, c.offer_id) for c in result.changes} == {("add", 2), ("remove", 1)}
+    removal = next(c for c in result.changes if c.action == "remove")
+    assert "1× H100 nodes cannot hold d1's engine (tp 2" in removal.reason
 
 
 def test_quota_rows_are_accepted_as_quota_limits(offer, deployment):
@@ -183,6 +232,8 @@ offer_specs = st.lists(
               st.integers(1, 40), st.one_of(st.none(), st.floats(0.2, 0.9))),
     min_size=1, max_size=6,
 )
+# Engine layouts of llama-3.1-8b (32 heads, 8 KV heads, 32 layers) that deployments set.
+LAYOUTS = [(1, 1), (1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
 deployment_specs = st.lists(
     st.tuples(st.sets(st.sampled_from(["EU", "US", "UK"]), min_size=1),  # jurisdictions
               st.integers(0, 3), st.integers(0, 2),  # min replicas, extra allowed
@@ -191,7 +242,8 @@ deployment_specs = st.lists(
               st.sampled_from([0.0, 2000.0, 6000.0]),  # demand
               st.sampled_from([None, 60.0, 200.0]),  # TTFT SLO with users in Frankfurt
               st.lists(st.tuples(st.integers(0, 5), st.booleans(), st.integers(1, 2)),
-                       max_size=2)),  # running: (offer index, spot, count)
+                       max_size=2),  # running: (offer index, spot, count)
+              st.sampled_from(LAYOUTS)),  # the engine's (tp, pp)
     min_size=1, max_size=3,
 )
 
@@ -203,13 +255,14 @@ def build(offers_in, deployments_in, cap):  # type: ignore[no-untyped-def]
         for i, (site, gpu, per_node, price, spot) in enumerate(offers_in))
     deployments = []
     running = []
-    for i, (jur, low, extra, regions, clouds, spot, demand, slo, existing) in enumerate(
-            deployments_in):
+    for i, (jur, low, extra, regions, clouds, spot, demand, slo, existing, (tp, pp)) in (
+            enumerate(deployments_in)):
         deployments.append(make_deployment(
             i, allowed_jurisdictions=frozenset(jur), min_replicas=low,
             max_replicas=max(low + extra, 1), spread_regions=regions, spread_clouds=clouds,
             max_spot_fraction=spot, tokens_per_s=demand,
-            ttft_slo_ms=slo or 1000.0, user_locations=(FRANKFURT,) if slo else ()))
+            ttft_slo_ms=slo or 1000.0, user_locations=(FRANKFURT,) if slo else (),
+            tensor_parallel=tp, pipeline_parallel=pp))
         running += [ExistingReplica(i, o, s, n) for o, s, n in existing]
     quota = {(o.region, o.gpu.name): cap for o in offers} if cap else {}
     return PlacementProblem(tuple(deployments), offers, quota, tuple(running),
@@ -232,8 +285,13 @@ def assert_obeys_every_rule(problem: PlacementProblem, result: PlacementResult,
             for lat, lon in d.user_locations:  # latency
                 rtt = rtt_ms(great_circle_km(lat, lon, o.latitude, o.longitude))
                 assert rtt <= d.ttft_slo_ms * NETWORK_SHARE_OF_TTFT
-            shape = replica_shape(d.model, o.gpu, o.gpus_per_node, d.context, d.batch)
-            assert shape is not None  # fits
+            shape = replica_shape(d.model, o.gpu, o.gpus_per_node, d.context, d.batch,
+                                  tensor_parallel=d.tensor_parallel,
+                                  pipeline_parallel=d.pipeline_parallel)
+            assert shape is not None  # its nodes hold the deployment's engine, which fits
+            assert (a.tensor_parallel, a.pipeline_parallel, a.nodes) == (
+                d.tensor_parallel, d.pipeline_parallel, shape.nodes)  # as launched
+            assert a.gpus == a.count * shape.gpus
             rate += a.count * shape.tokens_per_s
             used[(o.region, o.gpu.name)] += a.gpus
             assert not a.spot or o.spot_usd_h is not None
@@ -283,7 +341,9 @@ def brute_force(problem: PlacementProblem) -> float | None:
             if any(rtt_ms(great_circle_km(lat, lon, o.latitude, o.longitude))
                    > d.ttft_slo_ms * NETWORK_SHARE_OF_TTFT for lat, lon in d.user_locations):
                 continue
-            shape = replica_shape(d.model, o.gpu, o.gpus_per_node, d.context, d.batch)
+            shape = replica_shape(d.model, o.gpu, o.gpus_per_node, d.context, d.batch,
+                                  tensor_parallel=d.tensor_parallel,
+                                  pipeline_parallel=d.pipeline_parallel)
             if shape is None:
                 continue
             options.append((o, False, shape, o.on_demand_usd_h * shape.nodes))
@@ -338,7 +398,8 @@ small_deployments = st.lists(
               st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 3000.0]),
               st.sampled_from([None, 60.0]),
               st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.integers(1, 2)),
-                       max_size=1)),
+                       max_size=1),
+              st.sampled_from([(1, 1), (2, 1), (1, 2)])),
     min_size=1, max_size=2,
 )
 
