@@ -238,6 +238,7 @@ class LocalProvider:
             return ["vllm", "serve", spec.model, "--served-model-name", spec.served_model_name,
                     "--host", self.host, "--port", str(port),
                     "--tensor-parallel-size", str(spec.tensor_parallel),
+                    "--pipeline-parallel-size", str(spec.pipeline_parallel),
                     "--max-model-len", str(spec.max_model_len),
                     "--enable-prefix-caching" if spec.enable_prefix_caching
                     else "--no-enable-prefix-caching"]

@@ -23,6 +23,7 @@ from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.placement.capacity import replica_nodes
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
@@ -97,9 +98,15 @@ def handle_json(handle: ProviderHandle) -> dict[str, Any]:
 
 
 def spec_for(replica: Replica) -> ReplicaSpec:
+    """What the provider launches: one engine with the deployment's TP × PP on the replica's
+    offer, the layout the placement solver sized and priced the offer for."""
     deployment = replica.deployment
     offer = replica.offer
-    gpus = offer.gpus_per_node if offer else deployment.tensor_parallel
+    tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
+    gpus = offer.gpus_per_node if offer else tp
+    # Nodes cannot hold the layout (the plan predates a settings change): as many nodes as
+    # the ranks need, which the provider's own checks then refuse by name.
+    nodes = replica_nodes(tp, pp, gpus) or max(1, -(-tp * pp // gpus))
     return ReplicaSpec(
         replica_id=replica.public_id,
         deployment=deployment.name,
@@ -109,11 +116,10 @@ def spec_for(replica: Replica) -> ReplicaSpec:
         region=replica.region.code,
         accelerator=offer.gpu_type.skypilot_name if offer else "H100",
         gpus_per_node=gpus,
-        # Enough nodes of the offer's size for every TP × PP rank.
-        nodes=max(1, -(-deployment.tensor_parallel * deployment.pipeline_parallel // gpus)),
+        nodes=nodes,
         use_spot=replica.spot,
-        tensor_parallel=deployment.tensor_parallel,
-        pipeline_parallel=deployment.pipeline_parallel,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
         max_model_len=deployment.max_model_len,
         enable_prefix_caching=deployment.enable_prefix_caching,
     )
