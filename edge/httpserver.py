@@ -6,6 +6,9 @@ that may answer without a task. A handler is called as soon as a request is comp
 either answers (now or later, from callbacks) and returns None, or returns a coroutine,
 which runs as a task. Either way the connection moves on once the response is complete.
 
+Writes are queued per connection and sent once per loop pass (`edge.batch`), so the
+responses produced by one pass of reads leave together.
+
 Keep-alive and pipelining (answered in order), chunked request bodies,
 `Expect: 100-continue`, limits on head and body size (431, 413), write backpressure handed
 to whatever produces the body (`set_producer`), and a close hook (`on_close`) through which a
@@ -25,6 +28,8 @@ from ssl import SSLContext
 from typing import Any, Protocol
 
 import httptools
+
+from edge.batch import WriteBatch
 
 log = logging.getLogger("meridian.edge.http")
 
@@ -106,7 +111,9 @@ class HttpConnection(asyncio.Protocol):
         self.server = server
         self.handler = server.handler
         self.max_body = server.max_body
+        self.batch = server.batch
         self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []  # queued writes, sent by `flush` at the end of the pass
         self.peer = ""
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
@@ -144,6 +151,7 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        self._out.clear()
         self._pending.clear()
         self._producer = None
         if self._task is not None and not self._task.done():
@@ -205,7 +213,7 @@ class HttpConnection(asyncio.Protocol):
             return
         expect = self._headers.get(b"expect")
         if expect is not None and expect.lower() == b"100-continue" and self.transport:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         if self._rejected:
@@ -323,6 +331,21 @@ class HttpConnection(asyncio.Protocol):
 
     # --- writing a response -------------------------------------------------------------
 
+    def _write(self, data: bytes) -> None:
+        out = self._out
+        if not out:
+            self.batch.add(self)
+        out.append(data)
+
+    def flush(self) -> None:
+        """Send what this pass queued, in one write."""
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        if self.transport is not None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
     def _head(self, status: int, headers: bytes, length: int | None) -> bytes:
         if length is not None:
             framing = b"content-length: %d\r\n" % length
@@ -345,7 +368,7 @@ class HttpConnection(asyncio.Protocol):
         if self.transport is not None:
             if content_type is not None:
                 headers = b"content-type: " + content_type + b"\r\n" + headers
-            self.transport.write(self._head(status, headers, len(body)) + body)
+            self._write(self._head(status, headers, len(body)) + body)
             self.bytes_sent += len(body)
         self._finished()
 
@@ -359,7 +382,7 @@ class HttpConnection(asyncio.Protocol):
         if first:
             head += self._frame(first)
             self.bytes_sent += len(first)
-        self.transport.write(head)
+        self._write(head)
 
     def _frame(self, data: bytes) -> bytes:
         if self._chunked:
@@ -368,7 +391,7 @@ class HttpConnection(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         if data and self.transport is not None:
-            self.transport.write(self._frame(data))
+            self._write(self._frame(data))
             self.bytes_sent += len(data)
 
     def end(self, last: bytes = b"") -> None:
@@ -378,7 +401,7 @@ class HttpConnection(asyncio.Protocol):
             if self._chunked:
                 out += b"0\r\n\r\n"
             if out:
-                self.transport.write(out)
+                self._write(out)
             self.bytes_sent += len(last)
         self._finished()
 
@@ -389,6 +412,7 @@ class HttpConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None:
+            self.flush()
             self.transport.close()
 
     def abort(self) -> None:
@@ -397,6 +421,7 @@ class HttpConnection(asyncio.Protocol):
         self.on_close = None
         self._busy = False
         if self.transport is not None:
+            self.flush()  # what was written before the cut goes out, as it would have
             self.transport.abort()
 
     @property
@@ -414,6 +439,7 @@ class HttpServer:
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.connections: set[HttpConnection] = set()
+        self.batch = WriteBatch()
         self.closing = False
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None

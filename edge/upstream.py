@@ -7,7 +7,8 @@ An exchange on a connection reports to a `Listener` by plain callbacks, from ins
 back between reads, which is what lets SSE pass through with no added delay, and no task or
 future is involved, which is what keeps a proxied request cheap. A connection goes back to
 the pool only after a complete response; a failed or abandoned one is closed, which is also
-how an engine learns to stop generating.
+how an engine learns to stop generating. Requests are queued and sent once per loop pass
+(`edge.batch`), like the client side's responses.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 import httptools
 
+from edge.batch import WriteBatch
 from edge.table import Origin
 
 HOP_BY_HOP = frozenset({
@@ -56,6 +58,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.pool = pool
         self.origin = origin
         self.transport: asyncio.Transport | None = None
+        self._out = b""  # a request queued for the end of the loop pass
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.exchanges = 0
@@ -96,7 +99,19 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail(UpstreamError("connection closed before the request was sent",
                                      reused=self.exchanges > 1))
             return
-        self.transport.write(request)
+        if self._out:
+            self._out += request
+        else:
+            self._out = request
+            self.pool.batch.add(self)
+
+    def flush(self) -> None:
+        """Send the queued request (the end of the loop pass)."""
+        out = self._out
+        if out:
+            self._out = b""
+            if self.transport is not None and not self.closed:
+                self.transport.write(out)
 
     def detach(self) -> None:
         """The listener is done with this exchange; no more callbacks."""
@@ -117,6 +132,7 @@ class UpstreamConnection(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         self.listener = None
+        self._out = b""
         self.pool.busy.discard(self)
         if self.transport is not None:
             self.transport.close()
@@ -124,6 +140,7 @@ class UpstreamConnection(asyncio.Protocol):
     def abort(self) -> None:
         self.closed = True
         self.listener = None
+        self._out = b""
         self.pool.busy.discard(self)
         if self.transport is not None:
             self.transport.abort()
@@ -222,6 +239,7 @@ class UpstreamPool:
         self.idle_ttl_s = idle_ttl_s
         self._idle: dict[tuple[str, str, int], list[UpstreamConnection]] = {}
         self.busy: set[UpstreamConnection] = set()
+        self.batch = WriteBatch()
         self._ssl: ssl.SSLContext | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
