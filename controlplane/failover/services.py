@@ -220,14 +220,14 @@ def replace_for(deployment_id: int) -> list[str]:
         made: list[Replica] = []
         if target > active:
             skip = excluded_regions(deployment)
-            # Replacements run the deployment's engine as it was launched: the same GPU type
-            # as what failed (or still runs) and nodes big enough for its tensor parallelism.
+            # Replacements are counted one for one, without demand, so they keep the GPU type
+            # of what failed (or still runs): the same engine on it serves as much. Nodes
+            # that cannot hold the deployment's TP × PP are no options of the solver's.
             gpus = set(deployment.replicas.filter(offer__isnull=False)
                        .filter(Q(state__in=LIVE_STATES) | Q(pk__in=[r.pk for r in failed]))
                        .values_list("offer__gpu_type__name", flat=True))
             offers = tuple(o for o in proposals.offer_options()
-                           if o.region not in skip and (not gpus or o.gpu.name in gpus)
-                           and o.gpus_per_node >= deployment.tensor_parallel)
+                           if o.region not in skip and (not gpus or o.gpu.name in gpus))
             request = proposals.deployment_request(deployment)
             usable = {o.region for o in offers if o.jurisdiction in request.allowed_jurisdictions}
             # Replace what was lost, no more: demand is the autoscaler's and the plans' job.

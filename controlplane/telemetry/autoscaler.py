@@ -325,11 +325,12 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
     from controlplane.placement.proposals import deployment_request, offer_options, quota_left
     from controlplane.placement.solver import ExistingReplica, PlacementProblem, solve
 
-    # New replicas are of the kind already running (or, from zero, last run): the in-flight
-    # target is per replica, so the fleet stays uniform.
+    # New replicas are on the GPU type already running (or, from zero, last run): the
+    # in-flight target is per replica, so the fleet stays uniform. Every replica runs the
+    # deployment's one engine (TP × PP) whatever the node size, and the solver offers only
+    # nodes that hold it, so the node size is the solver's to choose.
     kinds = _replica_kinds(deployment, active)
-    options = tuple(o for o in offer_options()
-                    if not kinds or (o.gpu.name, o.gpus_per_node) in kinds)
+    options = tuple(o for o in offer_options() if not kinds or o.gpu.name in kinds)
     listed = {o.id for o in options}
     kept = [r for r in active if r.offer_id in listed]
     total = len(kept) + add
@@ -358,14 +359,14 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) 
     return _beside_running(deployment, active, add, quota, f"solver found no plan ({why})")
 
 
-def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[tuple[str, int]]:
-    """(GPU type, GPUs per node) of the running replicas; else of the newest one there was."""
+def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[str]:
+    """GPU types of the running replicas; else of the newest one there was."""
     offers = [r.offer for r in active if r.offer is not None]
     if not offers:
         last = (deployment.replicas.filter(offer__isnull=False).select_related("offer__gpu_type")
                 .order_by("-created_at").first())
         offers = [last.offer] if last is not None and last.offer is not None else []
-    return {(o.gpu_type.name, o.gpus_per_node) for o in offers}
+    return {o.gpu_type.name for o in offers}
 
 
 def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,

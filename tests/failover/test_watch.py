@@ -12,7 +12,7 @@ from django.utils import timezone
 from controlplane.core.locks import lock_id
 from controlplane.core.models import AuditLog
 from controlplane.deployments.lifecycle import transition
-from controlplane.deployments.models import Replica
+from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover import services, tasks
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
@@ -179,3 +179,23 @@ def test_a_replacement_replaces_what_was_lost_and_does_not_scale_for_demand(  # 
     ready_replica(deployment, catalog["fra"], engines().url)
     ready_replica(deployment, catalog["fra"], dead_url())
     assert len(services.watch().replacements) == 1
+
+
+def test_replacements_go_on_nodes_that_hold_the_deployments_engine(catalog, deployment,  # type: ignore[no-untyped-def]
+                                                                   sent_tasks):
+    from controlplane.provisioning.services import spec_for
+
+    # TP 2: the catalog's cheaper single-H100 nodes cannot run the deployment's engine.
+    Deployment.objects.filter(pk=deployment.pk).update(tensor_parallel=2)
+    wide = Offer.objects.create(region=catalog["ams"], gpu_type=catalog["h100"], gpus_per_node=2,
+                                instance_type="h100x2", on_demand_usd_h=30,
+                                observed_at=timezone.now())
+    Replica.objects.create(deployment=deployment, region=catalog["ams"], offer=wide,
+                           url=dead_url(), state=S.READY, provider="skypilot",
+                           ready_at=timezone.now())
+    services.watch()
+    new = list(Replica.objects.filter(state=S.PENDING).select_related(
+        "deployment__model", "region__cloud", "offer__gpu_type"))
+    assert len(new) == 2 and {r.offer_id for r in new} == {wide.pk}
+    spec = spec_for(new[0])
+    assert (spec.gpus_per_node, spec.nodes, spec.tensor_parallel) == (2, 1, 2)
