@@ -55,6 +55,7 @@ BYTES_PER_TOKEN = 4
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _NOTHING_TRIED: frozenset[str] = frozenset()
+MAX_REMEMBERED_KEYS = 4096
 
 
 class Exchange(Listener):
@@ -492,6 +493,10 @@ class ClientApi:
         self.edge = edge
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex().encode()
+        # Authorization header → tenant, for the table it was looked up in (hashing the key
+        # is a request's single largest check); only keys the table knows are remembered.
+        self._tenant_by_auth: dict[bytes, TenantRules] = {}
+        self._tenant_table: RoutingTable | None = None
 
     def handle(self, request: Request, conn: HttpConnection) -> Coroutine[Any, Any, None] | None:
         path = request.path
@@ -526,6 +531,13 @@ class ClientApi:
         auth = request.headers.get(b"authorization")
         if not auth:
             raise errors.unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
+        known = self._tenant_by_auth
+        if self._tenant_table is not table:
+            known.clear()
+            self._tenant_table = table
+        tenant = known.get(auth)
+        if tenant is not None:
+            return tenant
         scheme, _, key = auth.partition(b" ")
         key = key.strip()
         if scheme.lower() != b"bearer" or not key:
@@ -534,6 +546,9 @@ class ClientApi:
         tenant = table.tenants.get(hashlib.sha256(key).hexdigest())
         if tenant is None:
             raise errors.unauthorized("Incorrect API key provided.")
+        if len(known) >= MAX_REMEMBERED_KEYS:
+            known.clear()
+        known[auth] = tenant
         return tenant
 
     def models(self, request: Request, conn: HttpConnection) -> None:

@@ -149,6 +149,26 @@ def test_client_errors_have_openai_shape_and_name_the_field(edge_with: Callable[
     run(scenario())
 
 
+def test_a_key_left_out_of_a_new_table_is_refused_at_once(
+        edge_with: Callable[..., Any], make_table: TableFactory,
+        signing_key: Ed25519PrivateKey) -> None:
+    async def scenario() -> None:
+        async with engines("m") as (engine,), edge_with(
+                models={"m": [replica("r1", engine.url)]},
+                tenants={API_KEY: tenant(), "sk-other": tenant("other")}) as edge:
+            for _ in range(2):  # known keys are remembered for the table they were found in
+                assert (await edge.chat("m")).status == 200
+                assert (await edge.chat("m", key="sk-other")).status == 200
+            status, body = await edge.push(make_table(
+                models={"m": [replica("r1", engine.url)]}, tenants={"sk-other": tenant("other")},
+                version=2), signing_key)
+            assert status == 200, body
+            await expect_error(401, "invalid_api_key")(await edge.chat("m"))
+            assert (await edge.chat("m", key="sk-other")).status == 200
+
+    run(scenario())
+
+
 def test_requests_over_the_rpm_limit_get_429_with_retry_after(
         edge_with: Callable[..., Any]) -> None:
     async def scenario() -> None:
