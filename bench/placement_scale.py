@@ -22,7 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controlplane.placement.capacity import GpuSpec, ModelSpec  # noqa: E402
+from controlplane.placement.capacity import (  # noqa: E402
+    DEFAULT_BATCH,
+    GpuSpec,
+    ModelSpec,
+    parallel_layout,
+)
 from controlplane.placement.greedy import place_greedy  # noqa: E402
 from controlplane.placement.solver import (  # noqa: E402
     DeploymentRequest,
@@ -61,6 +66,18 @@ def load_catalog() -> tuple[tuple[OfferOption, ...], dict[tuple[str, str], int],
     return tuple(offers), quota, models, regions
 
 
+# Each deployment's engine layout is set the way an operator would: the smallest TP (then
+# PP) that holds its model at its context on 8×H100 nodes. Offers whose nodes cannot run that
+# engine are no options for it.
+REFERENCE_GPU = GpuSpec("H100", 80, 3350)
+
+
+def layout_for(model: ModelSpec, context: int) -> tuple[int, int]:
+    layout = parallel_layout(model, REFERENCE_GPU, 8, DEFAULT_BATCH, context)
+    assert layout is not None, (model.name, context)
+    return layout
+
+
 def fleet(n: int, rng: random.Random, models: dict, regions: dict) -> tuple[DeploymentRequest, ...]:
     by_jurisdiction: dict[str, list[dict]] = {}
     for r in regions.values():
@@ -70,9 +87,12 @@ def fleet(n: int, rng: random.Random, models: dict, regions: dict) -> tuple[Depl
         jurisdictions = rng.choice(JURISDICTION_SETS)
         home = rng.choice(by_jurisdiction[jurisdictions[0]])
         low = rng.choice((1, 1, 2, 2, 3))
+        model = models[rng.choice(FLEET_MODELS)]
+        context = rng.choice((4096, 8192, 16384))
+        tp, pp = layout_for(model, context)
         out.append(DeploymentRequest(
-            id=i, name=f"fleet-{i}", model=models[rng.choice(FLEET_MODELS)],
-            context=rng.choice((4096, 8192, 16384)),
+            id=i, name=f"fleet-{i}", model=model, context=context,
+            tensor_parallel=tp, pipeline_parallel=pp,
             tokens_per_s=float(rng.choice((0, 300, 1000, 2500, 4000))),
             min_replicas=low, max_replicas=low + rng.choice((4, 8, 12)),
             allowed_jurisdictions=frozenset(jurisdictions),
