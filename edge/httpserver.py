@@ -6,8 +6,9 @@ that may answer without a task. A handler is called as soon as a request is comp
 either answers (now or later, from callbacks) and returns None, or returns a coroutine,
 which runs as a task. Either way the connection moves on once the response is complete.
 
-Writes are queued per connection and sent once per loop pass (`edge.batch`), so the
-responses produced by one pass of reads leave together.
+While more than one request is being answered, writes are queued per connection and sent
+once per loop pass (`edge.batch`), so the responses produced by one pass of reads leave
+together; a lone request's are written at once.
 
 Keep-alive and pipelining (answered in order), chunked request bodies,
 `Expect: 100-continue`, limits on head and body size (431, 413), write backpressure handed
@@ -150,6 +151,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.server.busy.discard(self)
         self.transport = None
         self._out.clear()
         self._pending.clear()
@@ -260,6 +262,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _start(self, request: Request) -> None:
         self._busy = True
+        self.server.busy.add(self)
         self._reset_response(not request.keep_alive)
         try:
             pending = self.handler(request, self)
@@ -296,6 +299,7 @@ class HttpConnection(asyncio.Protocol):
         self.response_done = True
         self.on_close = None
         self._busy = False
+        self.server.busy.discard(self)
         if self._close_after or self.server.closing:
             self.close()
             return
@@ -334,6 +338,10 @@ class HttpConnection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         out = self._out
         if not out:
+            if len(self.server.busy) < 2 and self.transport is not None:
+                # Nothing else is being answered: no other write to wait for.
+                self.transport.write(data)
+                return
             self.batch.add(self)
         out.append(data)
 
@@ -420,6 +428,7 @@ class HttpConnection(asyncio.Protocol):
         self.response_done = True
         self.on_close = None
         self._busy = False
+        self.server.busy.discard(self)
         if self.transport is not None:
             self.flush()  # what was written before the cut goes out, as it would have
             self.transport.abort()
@@ -439,6 +448,7 @@ class HttpServer:
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.connections: set[HttpConnection] = set()
+        self.busy: set[HttpConnection] = set()  # answering a request
         self.batch = WriteBatch()
         self.closing = False
         self._server: asyncio.base_events.Server | None = None

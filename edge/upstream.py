@@ -7,8 +7,8 @@ An exchange on a connection reports to a `Listener` by plain callbacks, from ins
 back between reads, which is what lets SSE pass through with no added delay, and no task or
 future is involved, which is what keeps a proxied request cheap. A connection goes back to
 the pool only after a complete response; a failed or abandoned one is closed, which is also
-how an engine learns to stop generating. Requests are queued and sent once per loop pass
-(`edge.batch`), like the client side's responses.
+how an engine learns to stop generating. While other exchanges are in flight, requests are
+queued and sent once per loop pass (`edge.batch`), like the client side's responses.
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ class UpstreamConnection(asyncio.Protocol):
             return
         if self._out:
             self._out += request
+        elif len(self.pool.busy) < 2:
+            self.transport.write(request)  # the only exchange in flight: nothing to wait for
         else:
             self._out = request
             self.pool.batch.add(self)
