@@ -449,6 +449,7 @@ class _Block:
     running: dict[tuple[int, bool], int]  # (offer id, spot) → replicas running on an option
     floor: float = 0.0  # a lower bound on the block's objective, known from solving it alone
     first_col: int = 0
+    start: dict[int, int] | None = None  # candidate index → replicas: a plan to start from
 
 
 @dataclass
@@ -463,6 +464,7 @@ class _Milp:
     row_upper: np.ndarray
     removal_cols: list[tuple[int, int]]  # (column, block index)
     shortfall_cols: list[tuple[int, Pool]] = field(default_factory=list)
+    start: np.ndarray | None = None  # a feasible point, when every block brings its plan
 
     @property
     def columns(self) -> int:
@@ -498,12 +500,15 @@ def _build(blocks: list[_Block], quota: Mapping[Pool, int], move_penalty: float,
     integer: list[bool] = []
     removal_cols: list[tuple[int, int]] = []
     shortfall_cols: list[tuple[int, Pool]] = []
+    start: list[float] = []
+    starting = bool(blocks) and all(b.start is not None for b in blocks)
 
-    def column(c: float, lo: float, hi: float, is_int: bool) -> int:
+    def column(c: float, lo: float, hi: float, is_int: bool, value: float = 0.0) -> int:
         cost.append(c)
         lower.append(lo)
         upper.append(hi)
         integer.append(is_int)
+        start.append(value)
         return len(cost) - 1
 
     pools: dict[Pool, list[tuple[int, int]]] = defaultdict(list)
@@ -511,7 +516,9 @@ def _build(blocks: list[_Block], quota: Mapping[Pool, int], move_penalty: float,
         d = b.d
         b.first_col = len(cost)
         top = d.max_replicas if "max_replicas" not in relax else 10**6
-        cols = [column(c.usd_h, 0.0, float(top), True) for c in b.cands]
+        given = b.start or {}
+        cols = [column(c.usd_h, 0.0, float(top), True, float(given.get(j, 0)))
+                for j, c in enumerate(b.cands)]
         for col, c in zip(cols, b.cands, strict=True):
             pools[c.pool].append((col, c.gpus))
         need = d.required_tokens_per_s if "demand" not in relax else 0.0
@@ -537,7 +544,9 @@ def _build(blocks: list[_Block], quota: Mapping[Pool, int], move_penalty: float,
                 members: dict[str, list[int]] = defaultdict(list)
                 for col, c in zip(cols, b.cands, strict=True):
                     members[getattr(c.offer, attr)].append(col)
-                used = [column(0.0, 0.0, 1.0, True) for _ in members]
+                used = [column(0.0, 0.0, 1.0, True,
+                               float(any(start[col] > 0 for col in group)))
+                        for group in members.values()]
                 rows.add(((u, 1.0) for u in used), float(k), math.inf)
                 for u, group in zip(used, members.values(), strict=True):
                     rows.add([(u, 1.0)] + [(col, -1.0) for col in group], -math.inf, 0.0)
@@ -546,7 +555,8 @@ def _build(blocks: list[_Block], quota: Mapping[Pool, int], move_penalty: float,
         removals = []
         for key, count in b.running.items():
             if key in index:
-                u = column(move_penalty, 0.0, math.inf, False)
+                u = column(move_penalty, 0.0, math.inf, False,
+                           max(count - start[index[key]], 0.0))
                 removal_cols.append((u, b_index))
                 removals.append(u)
                 rows.add(((u, 1.0), (index[key], 1.0)), float(count), math.inf)
@@ -580,7 +590,8 @@ def _build(blocks: list[_Block], quota: Mapping[Pool, int], move_penalty: float,
     return _Milp(blocks, np.array(cost, dtype=float), np.array(lower, dtype=float),
                  np.array(upper, dtype=float), np.array(integer, dtype=bool), matrix,
                  np.array(rows.lower, dtype=float), np.array(rows.upper, dtype=float),
-                 removal_cols, shortfall_cols)
+                 removal_cols, shortfall_cols,
+                 np.array(start, dtype=float) if starting else None)
 
 
 @dataclass
@@ -633,6 +644,13 @@ def _run(m: _Milp, time_limit: float, gap: float, lp_only: bool = False,
         kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
         lp.integrality_ = [kinds[int(i)] for i in m.integer]
     h.passModel(lp)
+    if m.start is not None and not lp_only:
+        # A plan known to be feasible: HiGHS starts from it as its incumbent and stops as
+        # soon as the bound comes within the gap asked for.
+        start = highspy.HighsSolution()
+        start.col_value = m.start
+        start.value_valid = True
+        h.setSolution(start)
     h.run()
     status = h.getModelStatus()
     info = h.getInfo()
@@ -774,19 +792,49 @@ def solve(problem: PlacementProblem) -> PlacementResult:
 
     # Constraint generation: quota rows only for pools that some plan overran, joint solves
     # only for the deployments whose plans did. Each round solves a relaxation of the fleet
-    # problem (rows and couplings left out), so its bound holds for every plan.
+    # problem (rows and couplings left out), so its bound holds for every plan. The plans of
+    # a round that still overrun a pool are mended by regret into a plan that fits, which
+    # ends the search as soon as it is within the gap of that bound, and each joint solve
+    # starts from the best plan that fits so far.
+    alone = {i: p.bound for i, p in plans.items()}
+    best = settled[0] if settled is not None else None
     contested: set[Pool] = set()
     coupled: set[int] = set()
     joint: dict[tuple[frozenset[int], frozenset[Pool]], _Outcome] = {}
+
+    def fleet_bound() -> float:
+        solved = {i for part in joint for i in part[0]}
+        found = sum(b for i, b in alone.items() if i not in solved)
+        found += sum(o.bound for o in joint.values()) + fleet.forced_penalty(plans)
+        return max(found, alone_bound)
+
+    def objective(these: Mapping[int, _Plan] | None) -> float:
+        if these is None:
+            return math.inf
+        return sum(p.objective for p in these.values()) + fleet.forced_penalty(these)
+
     rounds = 0
+    close = False
     while True:
         used = _usage(fleet, plans)
         over = {pool for pool, n in used.items() if n > quota.get(pool, math.inf)}
+        if joint:
+            mended: Mapping[int, _Plan] | None = dict(plans)
+            if over:
+                again = _settle_by_regret(fleet, plans, deadline)
+                mended = again[0] if again is not None else None
+                variables += again[1] if again is not None else 0
+            if objective(mended) < objective(best):
+                best = dict(mended)  # type: ignore[arg-type]
+            bound = fleet_bound()
+            close = objective(best) - bound <= problem.mip_rel_gap * bound + 1e-9
+            if close:
+                break
         if over:
             contested |= over
             coupled |= {i for i, p in plans.items()
                         if any(fleet.blocks[i].cands[j].pool in over for j in p.counts)}
-        elif _gap(joint) <= budget + 1e-9 or rounds > 0:
+        elif rounds > 0:
             break
         rounds = rounds + 1 if not over else 0  # one tightening round once the plans fit
         parts = _components(fleet, coupled, contested)
@@ -796,7 +844,7 @@ def solve(problem: PlacementProblem) -> PlacementResult:
             share = max(budget, 0.0) * sum(floors[i] for i in part[0]) / coupled_floor
             if part in joint and joint[part].objective - joint[part].bound <= share + 1e-9:
                 continue
-            out = _solve_part(fleet, part, plans, floors, share, deadline)
+            out = _solve_part(fleet, part, floors, share, deadline, best)
             variables += out.columns
             if out.status == "infeasible":
                 return _no_plan(problem, fleet, explain.infeasible(
@@ -808,14 +856,9 @@ def solve(problem: PlacementProblem) -> PlacementResult:
             joint[part] = out
             _keep_plans(plans, fleet.blocks, out.model, out)  # type: ignore[arg-type]
 
-    bound = sum(p.bound for i, p in plans.items() if i not in coupled)
-    bound += sum(o.bound for o in joint.values()) + fleet.forced_penalty(plans)
-    bound = max(bound, alone_bound)
-    within = _gap(joint) <= max(budget, 0.0) + 1e-6
-    if settled is not None and (sum(p.objective for p in settled[0].values())
-                                < sum(p.objective for p in plans.values())):
-        plans = settled[0]
-    return _result(problem, fleet, plans, "optimal" if within else "feasible", bound,
+    if best is None or objective(plans) < objective(best):
+        best = plans
+    return _result(problem, fleet, best, "optimal" if close else "feasible", fleet_bound(),
                    variables, len(coupled), started)
 
 
@@ -833,16 +876,25 @@ def _worst_first(parts: list[tuple[frozenset[int], frozenset[Pool]]],
 
 
 def _solve_part(fleet: _Fleet, part: tuple[frozenset[int], frozenset[Pool]],
-                plans: Mapping[int, _Plan], floors: Mapping[int, float], abs_gap: float,
-                deadline: float) -> _Outcome:
-    """Deployments that contend for the quota of `part`'s pools, solved together."""
+                floors: Mapping[int, float], abs_gap: float, deadline: float,
+                start: Mapping[int, _Plan] | None = None) -> _Outcome:
+    """Deployments that contend for the quota of `part`'s pools, solved together; from
+    `start`'s plans when given (they must fit every quota)."""
     problem = fleet.problem
     ids, pools = sorted(part[0]), part[1]
     blocks = []
     for i in ids:
         b = fleet.blocks[i]
-        blocks.append(_Block(b.d, fleet.index.undominated(b.d, b.cands, pools, b.running),
-                             b.running, floor=floors[i]))
+        cands = fleet.index.undominated(b.d, b.cands, pools, b.running)
+        given = None
+        if start is not None and i in start:
+            # The plan's options join the pruned ones: more options keep a relaxation.
+            position = {id(c): j for j, c in enumerate(cands)}
+            extra = [b.cands[j] for j in start[i].counts if id(b.cands[j]) not in position]
+            cands = cands + extra
+            position = {id(c): j for j, c in enumerate(cands)}
+            given = {position[id(b.cands[j])]: n for j, n in start[i].counts.items()}
+        blocks.append(_Block(b.d, cands, b.running, floor=floors[i], start=given))
     m = _build(blocks, {pool: problem.quota[pool] for pool in pools},
                problem.move_penalty_usd_h)
     out = _run(m, deadline - time.perf_counter(), problem.mip_rel_gap, abs_gap=abs_gap)
