@@ -15,8 +15,12 @@ every deployment is first solved alone (pools capped at their quota, many deploy
 HiGHS call as independent blocks); wherever the plans together overrun a pool, the
 deployments on it are solved jointly, still against the full quota, and the set grows until
 the plans fit. Each step solves a relaxation of the fleet problem, so its bound is a lower
-bound on every plan and a plan that fits is optimal within HiGHS's gap. Infeasibility is
-explained in words (`explain.py`); a result is a whole plan or none.
+bound on every plan. Alongside, a plan that fits is kept: first the plans alone settled by
+regret (who loses most by leaving an overrun pool keeps it), then each round's joint plans
+mended the same way and combined with it. The search ends as soon as that plan is within
+the gap asked for of the bound, and every joint solve starts from it, so HiGHS begins with
+an incumbent. Infeasibility is explained in words (`explain.py`); a result is a whole plan
+or none.
 """
 
 from __future__ import annotations
@@ -821,7 +825,7 @@ def solve(problem: PlacementProblem) -> PlacementResult:
         if joint:
             mended: Mapping[int, _Plan] | None = dict(plans)
             if over:
-                again = _settle_by_regret(fleet, plans, deadline)
+                again = _settle_by_regret(fleet, plans, deadline, best)
                 mended = again[0] if again is not None else None
                 variables += again[1] if again is not None else 0
             if objective(mended) < objective(best):
@@ -856,8 +860,7 @@ def solve(problem: PlacementProblem) -> PlacementResult:
             joint[part] = out
             _keep_plans(plans, fleet.blocks, out.model, out)  # type: ignore[arg-type]
 
-    if best is None or objective(plans) < objective(best):
-        best = plans
+    assert best is not None  # the loop ends on a plan that fits
     return _result(problem, fleet, best, "optimal" if close else "feasible", fleet_bound(),
                    variables, len(coupled), started)
 
@@ -903,11 +906,13 @@ def _solve_part(fleet: _Fleet, part: tuple[frozenset[int], frozenset[Pool]],
     return out
 
 
-def _settle_by_regret(fleet: _Fleet, plans: Mapping[int, _Plan], deadline: float
+def _settle_by_regret(fleet: _Fleet, plans: Mapping[int, _Plan], deadline: float,
+                      known: Mapping[int, _Plan] | None = None
                       ) -> tuple[dict[int, _Plan], int] | None:
-    """Plans that fit every quota, from the plans alone: where plans overrun a pool, the
-    deployments that would lose most by leaving it keep it, and the others are solved
-    again, one at a time, against the quota left. None when one cannot be placed so.
+    """Plans that fit every quota, from `plans` (alone or joint): where they overrun a
+    pool, the deployments that would lose most by leaving it keep it, and the others are
+    solved again, one at a time, against the quota left. With `known` (plans that fit),
+    every deployment may also take its part of those. None when one cannot be placed so.
 
     Fast, and close to optimal when many deployments share a pool: what it gives up is
     bounded by the gap to the optima alone, which the caller checks."""
@@ -965,6 +970,18 @@ def _settle_by_regret(fleet: _Fleet, plans: Mapping[int, _Plan], deadline: float
     # a small 0-1 program whose answer is never worse than the fitting.
     options = {i: [plans[i], fitted[i]] + ([elsewhere[i]] if i in elsewhere else [])
                for i in affected}
+    if known is not None:
+        # A plan known to fit (an earlier answer): each deployment may go back to its part
+        # of it, which combines the best of both.
+        for i, p in known.items():
+            if p.counts != plans[i].counts:
+                options.setdefault(i, [plans[i]]).append(p)
+        base = dict(quota)
+        for i, p in plans.items():
+            if i not in options:
+                for pool, n in _plan_usage(fleet, i, p).items():
+                    if pool in base:
+                        base[pool] -= n
     chosen, extra = _choose_plans(fleet, options, base, deadline)
     columns += extra
     if chosen is not None:
