@@ -229,6 +229,10 @@ class CandidateSet:
     request_scorers: tuple[tuple[Scorer, float], ...]  # the rest, with their weights
     scale: tuple[float, ...]  # 1 / Σ weights × the replica's table weight (≤ 1)
     id_hashes: tuple[int, ...]  # for rendezvous hashing
+    # The common policy (max_score over the load and prefix scorers, load first), which
+    # `pick_common` scores inline: those two weights, or None for any other policy.
+    common: tuple[float, float] | None = None
+    max_inflight: tuple[int, ...] = ()
 
 
 def candidate_set(replicas: Sequence[Replica], tenant: TenantRules, tier: str,
@@ -261,6 +265,10 @@ def candidate_set(replicas: Sequence[Replica], tenant: TenantRules, tier: str,
             else:
                 request_scorers.append((scorer, weight))
     norm = 1.0 / weight_sum if weight_sum > 0 else 1.0
+    common = None
+    if (policy.picker == "max_score" and len(request_scorers) == 2
+            and request_scorers[0][0] is load_score and request_scorers[1][0] is prefix_score):
+        common = (request_scorers[0][1], request_scorers[1][1])
     return CandidateSet(
         model=model or (kept[0].model if kept else ""), tier=tier, policy=policy,
         replicas=tuple(kept), reason=reason, residency_removed=residency_removed,
@@ -268,6 +276,7 @@ def candidate_set(replicas: Sequence[Replica], tenant: TenantRules, tier: str,
         table_scores=tuple(table_scores), request_scorers=tuple(request_scorers),
         scale=tuple(norm * min(1.0, r.weight) for r in kept),
         id_hashes=tuple(replica_id_hash(r.id) for r in kept),
+        common=common, max_inflight=tuple(r.max_inflight for r in kept),
     )
 
 
@@ -323,6 +332,82 @@ SCORELESS_PICKERS = {"round_robin", "random"}
 
 
 # --- the pipeline --------------------------------------------------------------------------
+
+def pick_common(cset: CandidateSet, prefix: Sequence[int], stats: Mapping[str, ReplicaStats],
+                now: float, prefix_index: PrefixIndex, state: PickerState) -> Replica | None:
+    """`schedule_set`'s pick, written out flat for the common case: the load and prefix
+    scorers under max_score, with every replica of the set healthy and under its limit. None
+    when the case is not that one (the caller then runs `schedule_set`), so the two always
+    agree: the same arithmetic in the same order, and the same random draws."""
+    weights = cset.common
+    replicas = cset.replicas
+    n = len(replicas)
+    if weights is None or n < 2:
+        return None
+    limits = cset.limits
+    loads = [0.0] * n
+    kvs = [0.0] * n
+    for i in range(n):
+        s = stats.get(replicas[i].id)
+        if s is None or not s.probe_ok or now < s.ejected_until or s.inflight >= limits[i]:
+            return None
+        inflight, running = s.inflight, s.running
+        loads[i] = (inflight if inflight > running else running) + s.waiting
+        kvs[i] = s.kv_usage
+    load_weight, prefix_weight = weights
+    table_scores = cset.table_scores
+    max_inflight = cset.max_inflight
+    # load_score, weighted onto the table scores
+    totals = [0.0] * n
+    for i in range(n):
+        occupancy = loads[i] / max_inflight[i]
+        kv = kvs[i]
+        totals[i] = table_scores[i] + load_weight * (
+            1.0 - 0.7 * (occupancy if occupancy < 1.0 else 1.0)
+            - 0.3 * (kv if 0.0 <= kv <= 1.0 else float(kv > 1.0)))
+    # prefix_score
+    if prefix:
+        bound = load_bound(loads, LOAD_BOUND_FACTOR, LOAD_BOUND_FLOOR)
+        affinity_key = prefix[min(AFFINITY_BLOCKS, len(prefix)) - 1]
+        id_hashes = cset.id_hashes
+        depth = len(prefix)
+        whole = prefix_index.holders(prefix[-1])
+        pscores = [0.0] * n
+        home = -1
+        home_weight = -1
+        for i in range(n):
+            if loads[i] >= bound:
+                continue
+            replica_id = replicas[i].id
+            if whole is not None and replica_id in whole:
+                pscores[i] = 1.0
+            else:
+                pscores[i] = prefix_index.matched_blocks(prefix, replica_id) / depth
+            weight = rendezvous_weight(affinity_key, id_hashes[i])
+            if weight > home_weight:
+                home, home_weight = i, weight
+        if home >= 0 and pscores[home] < HOME_SCORE:
+            pscores[home] = HOME_SCORE
+        for i in range(n):
+            totals[i] = totals[i] + prefix_weight * pscores[i]
+    # pick_max_score over the scaled totals
+    scale = cset.scale
+    best = float("-inf")
+    for i in range(n):
+        score = totals[i] = totals[i] * scale[i]
+        if score > best:
+            best = score
+    tied = [i for i in range(n) if best - totals[i] <= TIE_EPSILON]
+    if len(tied) == 1:
+        return replicas[tied[0]]
+    rng, m = state.rng, len(tied)
+    i = int(rng.random() * m)
+    j = int(rng.random() * (m - 1))
+    if j >= i:
+        j += 1
+    a, b = tied[i], tied[j]
+    return replicas[a if loads[a] <= loads[b] else b]
+
 
 def schedule_set(
     cset: CandidateSet,

@@ -33,7 +33,7 @@ from edge import errors
 from edge.errors import ClientError
 from edge.health import ReplicaStats
 from edge.httpserver import HttpConnection, Request
-from edge.policy import CandidateSet, RouteRequest, candidate_set, schedule_set
+from edge.policy import CandidateSet, RouteRequest, candidate_set, pick_common, schedule_set
 from edge.prefix import block_keys, chat_prompt_text
 from edge.table import Replica, RoutingTable, TenantRules
 from edge.upstream import HOP_BY_HOP, Listener, UpstreamConnection, UpstreamError
@@ -124,26 +124,64 @@ class Exchange(Listener):
         self.dispatch()
 
     def prepare(self) -> None:
-        """Every check that can refuse the request, in the order a client would fix them."""
+        """Every check that can refuse the request, in the order a client would fix them.
+
+        Written out flat for the common case (a key this table already knows, a model that
+        is not an alias, a tenant within its limits), with what depends only on the table,
+        the tenant, the model and the tier looked up once per table (`ClientApi.routes`);
+        anything else goes through the general helpers, which give the same answers."""
         api = self.api
-        table = self.edge.table
+        edge = self.edge
+        table = edge.table
         if table is None:
             raise errors.unavailable("no_table", "This edge has no routing table yet.")
-        tenant = self.tenant = api.authenticate(self.request, table)
-        payload = api.parse_completion(self.request, self)
-        self.body = api.resolve_model(self.request, table, tenant, self, payload)
-        api.admit(tenant, self)
-        cset = self.cset = api.candidates(table, tenant, self.model, self.tier)
+        request = self.request
+        headers = request.headers
+        tenant = None
+        if api._tenant_table is table:
+            tenant = api._tenant_by_auth.get(headers.get(b"authorization", b""))
+        if tenant is None:
+            tenant = api.authenticate(request, table)
+        self.tenant = tenant
+        payload = api.parse_completion(request, self)
+        route = api.routes.get((id(tenant), self.requested_model,
+                                headers.get(b"x-meridian-tier")))
+        if route is None or api.routes_table is not table:
+            self.body = api.resolve_model(request, table, tenant, self, payload)
+            api.admit(tenant, self)
+            cset = self.cset = api.candidates(table, tenant, self.model, self.tier)
+            prefix_on = bool(len(cset.replicas) > 1 and table.policy.scorers.get("prefix"))
+            if self.model == self.requested_model and self.model not in table.aliases:
+                api.remember_route(table, tenant, request, cset, prefix_on)
+        else:
+            cset = self.cset = route[0]
+            self.tier = cset.tier
+            self.body = request.body
+            prefix_on = route[1]
+            charged = 0
+            if tenant.rpm > 0 or tenant.tpm > 0:
+                charged = edge.limiter.take(tenant.tenant, tenant.rpm, tenant.tpm,
+                                            self.prompt_tokens_est, time.monotonic())
+                if charged < 0:
+                    api.admit(tenant, self)  # refuses, or admits after all
+                    charged = self.charged_tokens
+            self.charged_tokens = charged
         keys: list[int] = []
-        if self.prompt_text and len(cset.replicas) > 1 and table.policy.scorers.get("prefix"):
+        if prefix_on and self.prompt_text:
             keys = block_keys(self.prompt_text)
         self.route = RouteRequest(self.model, self.tier, keys, self.prompt_tokens_est)
-        self.head = api.upstream_head(self.request, self, len(self.body))
+        self.head = api.upstream_head(request, self, len(self.body))
 
     def dispatch(self) -> None:
         """Schedule and send, wait for capacity, or answer why not."""
         edge = self.edge
         assert self.cset is not None and self.route is not None
+        if self.tried is None and self.tier != "batch":
+            replica = pick_common(self.cset, self.route.prefix, edge.stats, time.monotonic(),
+                                  edge.prefix_index, edge.picker_state)
+            if replica is not None:
+                self.send_to(replica)
+                return
         decision = schedule_set(self.cset, self.route, edge.stats, time.monotonic(),
                                 edge.prefix_index, edge.picker_state,
                                 self.tried or _NOTHING_TRIED)
@@ -497,6 +535,10 @@ class ClientApi:
         # is a request's single largest check); only keys the table knows are remembered.
         self._tenant_by_auth: dict[bytes, TenantRules] = {}
         self._tenant_table: RoutingTable | None = None
+        # (tenant, model, tier header) → (candidate set, prefix scoring on), for models that
+        # are not aliases, valid for `routes_table` (whose tenant objects make the ids sound).
+        self.routes: dict[tuple[int, str, bytes | None], tuple[CandidateSet, bool]] = {}
+        self.routes_table: RoutingTable | None = None
 
     def handle(self, request: Request, conn: HttpConnection) -> Coroutine[Any, Any, None] | None:
         path = request.path
@@ -668,6 +710,17 @@ class ClientApi:
                               f"{verdict.retry_after_s}s.", code="rate_limit_exceeded",
                               type_=verdict.limit, retry_after_s=verdict.retry_after_s)
         exchange.charged_tokens = verdict.charged_tokens
+
+    def remember_route(self, table: RoutingTable, tenant: TenantRules, request: Request,
+                       cset: CandidateSet, prefix_on: bool) -> None:
+        routes = self.routes
+        if self.routes_table is not table:
+            routes.clear()
+            self.routes_table = table
+        if len(routes) >= MAX_REMEMBERED_KEYS:
+            routes.clear()
+        routes[(id(tenant), cset.model, request.headers.get(b"x-meridian-tier"))] = (
+            cset, prefix_on)
 
     def candidates(self, table: RoutingTable, tenant: TenantRules, model: str,
                    tier: str) -> CandidateSet:

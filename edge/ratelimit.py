@@ -89,6 +89,23 @@ class TenantLimiter:
         buckets.tokens -= cost
         return Verdict(True, cost)
 
+    def take(self, tenant: str, rpm: int, tpm: int, prompt_tokens: int, now: float) -> int:
+        """`admit` for the common case: the tokens charged when the request fits, or -1 when
+        it does not (then `admit` says why), with nothing allocated."""
+        buckets = self._tenants.get(tenant)
+        if buckets is None or buckets.rpm != rpm or buckets.tpm != tpm:
+            return -1
+        buckets.refill(now)
+        if rpm and buckets.requests < 1.0:
+            return -1
+        cost = (prompt_tokens if prompt_tokens < tpm else tpm) if tpm else 0
+        if tpm and buckets.tokens < cost:
+            return -1
+        if rpm:
+            buckets.requests -= 1.0
+        buckets.tokens -= cost
+        return cost
+
     def settle(self, tenant: str, charged: int, used: int, now: float) -> None:
         """Correct a request's token charge with the usage the engine reported."""
         buckets = self._tenants.get(tenant)

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from edge.health import ReplicaStats
 from edge.local import build_table
-from edge.policy import PickerState, RouteRequest, candidate_set, schedule, schedule_set
+from edge.policy import (
+    PickerState,
+    RouteRequest,
+    candidate_set,
+    pick_common,
+    schedule,
+    schedule_set,
+)
 from edge.prefix import PrefixIndex, block_keys
 from edge.table import Replica, TenantRules, parse_table
 
@@ -231,3 +238,34 @@ def test_no_pick_is_ever_outside_the_tenants_jurisdictions(
     chosen_stats = by_id[chosen.id]
     assert chosen_stats.probe_ok and chosen_stats.ejected_until <= NOW
     assert chosen.state != "draining" and chosen.weight > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(replica_entries, min_size=1, max_size=8, unique_by=lambda e: e["id"]),
+       tenant=tenants, stats=st.lists(stats_values, min_size=8, max_size=8),
+       healthy=st.booleans(), tier=st.sampled_from(["interactive", "batch"]),
+       prompt_on=st.integers(0, 7), prompt=st.sampled_from(["", "short", PROMPT]),
+       scorers=st.sampled_from([None, {"load": 1.0, "prefix": 1.0}, {"prefix": 2.0, "load": 1.0}]),
+       seed=st.integers(0, 2**16))
+def test_the_flat_common_pick_agrees_with_the_pipeline(
+        entries: list[dict[str, Any]], tenant: TenantRules, stats: list[ReplicaStats],
+        healthy: bool, tier: str, prompt_on: int, prompt: str,
+        scorers: dict[str, float] | None, seed: int) -> None:
+    """`pick_common` either declines or picks exactly what `schedule_set` picks, random
+    tie-breaks included."""
+    if healthy:
+        for s in stats:
+            s.probe_ok, s.ejected_until, s.inflight = True, 0.0, 0
+    candidates = replicas(*entries)
+    by_id = {r.id: s for r, s in zip(candidates, stats, strict=False)}
+    table_policy = policy(scorers=scorers) if scorers else policy()
+    cset = candidate_set(candidates, tenant, tier, table_policy, "m")
+    index = PrefixIndex()
+    keys = block_keys(prompt)
+    index.record(keys, candidates[prompt_on % len(candidates)].id)
+    fast = pick_common(cset, keys, by_id, NOW, index, PickerState(random.Random(seed)))
+    if fast is None:
+        return
+    general = schedule_set(cset, RouteRequest("m", tier, keys, 10), by_id, NOW, index,
+                           PickerState(random.Random(seed)))
+    assert general.replica is fast

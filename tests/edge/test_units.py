@@ -93,6 +93,20 @@ def test_new_limits_from_a_new_table_apply_to_existing_buckets() -> None:
     assert limiter.admit("acme", 0, 0, 1, now=0.0).allowed  # 0 means unlimited
 
 
+def test_take_charges_like_admit_and_declines_what_admit_must_decide() -> None:
+    taking, admitting = TenantLimiter(), TenantLimiter()
+    assert taking.take("acme", 3, 1000, 100, now=0.0) == -1  # no buckets yet
+    taking.admit("acme", 3, 1000, 100, now=0.0)
+    admitting.admit("acme", 3, 1000, 100, now=0.0)
+    for now in (1.0, 2.0):
+        assert taking.take("acme", 3, 1000, 100, now) == 100
+        assert admitting.admit("acme", 3, 1000, 100, now).charged_tokens == 100
+    assert taking.take("acme", 3, 1000, 100, now=2.0) == -1  # out of requests
+    assert taking.level("acme", "requests", 2.0) == admitting.level("acme", "requests", 2.0)
+    assert taking.level("acme", "tokens", 2.0) == admitting.level("acme", "tokens", 2.0)
+    assert taking.take("acme", 5, 1000, 100, now=2.0) == -1  # new limits: admit rebases
+
+
 # --- ejection ------------------------------------------------------------------------------
 
 def test_ejection_after_consecutive_failures_with_exponential_backoff() -> None:
