@@ -40,7 +40,7 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover.health import RegionCounts, region_state, replica_verdict
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
 from controlplane.failover.probes import probe_all
-from regions.models import Offer, Region
+from regions.models import Region
 
 log = logging.getLogger(__name__)
 
@@ -205,53 +205,41 @@ def replace_failed() -> list[str]:
 def replace_for(deployment_id: int) -> list[str]:
     """Place replacements for a deployment's failed replicas, then release the failed ones."""
     from controlplane.placement import proposals
-    from controlplane.placement.solver import PlacementProblem, solve
     from controlplane.provisioning.services import request_replicas, terminate_failed
 
     with transaction.atomic():
         deployment = (Deployment.objects.select_for_update().select_related("model")
                       .prefetch_related("allowed_jurisdictions", "user_regions")
                       .get(pk=deployment_id))
-        failed = list(deployment.replicas.filter(state=S.FAILED).select_related("region__cloud"))
+        failed = list(deployment.replicas.filter(state=S.FAILED)
+                      .select_related("region__cloud", "offer__gpu_type"))
         if not failed:
             return []
-        active = deployment.replicas.filter(state__in=LIVE_STATES).exclude(state=S.DRAINING).count()
-        target = min(deployment.max_replicas, max(deployment.min_replicas, active + len(failed)))
+        live = list(deployment.replicas.filter(state__in=LIVE_STATES)
+                    .select_related("offer__gpu_type"))
+        # Draining replicas are on their way out: neither counted nor kept.
+        active = [r for r in live if r.state != S.DRAINING]
+        target = min(deployment.max_replicas,
+                     max(deployment.min_replicas, len(active) + len(failed)))
         made: list[Replica] = []
-        if target > active:
+        if target > len(active):
             skip = excluded_regions(deployment)
             # Replacements are counted one for one, without demand, so they keep the GPU type
             # of what failed (or still runs): the same engine on it serves as much. Nodes
             # that cannot hold the deployment's TP × PP are no options of the solver's.
-            gpus = set(deployment.replicas.filter(offer__isnull=False)
-                       .filter(Q(state__in=LIVE_STATES) | Q(pk__in=[r.pk for r in failed]))
-                       .values_list("offer__gpu_type__name", flat=True))
-            offers = tuple(o for o in proposals.offer_options()
-                           if o.region not in skip and (not gpus or o.gpu.name in gpus))
-            request = proposals.deployment_request(deployment)
-            usable = {o.region for o in offers if o.jurisdiction in request.allowed_jurisdictions}
-            # Replace what was lost, no more: demand is the autoscaler's and the plans' job.
-            request = dataclasses.replace(
-                request, tokens_per_s=0.0, min_replicas=target, max_replicas=target,
-                spread_regions=max(1, min(request.spread_regions, len(usable))))
-            problem = PlacementProblem((request,), offers, proposals.quota_left([deployment.pk]),
-                                       proposals.existing_replicas([deployment]),
-                                       move_penalty_usd_h=1e4, time_limit_s=5.0)
-            result = solve(problem)
-            if not result.has_plan:
+            gpus = {r.offer.gpu_type.name for r in [*live, *failed] if r.offer is not None}
+            placed = proposals.place_additions(deployment, active, target - len(active),
+                                               gpu_types=gpus, avoid_regions=skip,
+                                               lower_spread=True)
+            if not placed.slots:
                 _note_once(failed, f"no replacement for {deployment.name}: "
-                           + "; ".join(result.explanation[:2]))
+                           + "; ".join(placed.result.explanation[:2]))
                 return []
-            chosen = {o.pk: o for o in Offer.objects.filter(
-                pk__in=[c.offer_id for c in result.changes if c.action == "add"])
-                .select_related("region__cloud")}
             reason = (f"replace {', '.join(r.public_id for r in failed)}"
                       + (f" (avoiding {', '.join(sorted(skip))})" if skip else ""))
-            for change in result.changes:
-                if change.action == "add":
-                    offer = chosen[change.offer_id]
-                    made += request_replicas(deployment, offer.region, change.count, actor=ACTOR,
-                                             reason=reason, spot=change.spot, offer=offer)
+            for offer, spot, count in placed.slots:
+                made += request_replicas(deployment, offer.region, count, actor=ACTOR,
+                                         reason=reason, spot=spot, offer=offer)
         names = [r.public_id for r in made]
         _attach_replacements(failed, names)
     for dead in failed:

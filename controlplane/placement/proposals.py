@@ -3,8 +3,10 @@ and store the result as a Plan with its changes and reasons."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.conf import settings
@@ -17,6 +19,7 @@ from controlplane.placement.capacity import GpuSpec, ModelSpec
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
 from controlplane.placement.solver import (
     DeploymentRequest,
+    ExistingReplica,
     ExistingReplicas,
     OfferOption,
     PlacementProblem,
@@ -131,3 +134,58 @@ def propose_plan(deployments: Iterable[Deployment] | None, *, actor: str, trigge
         "model").prefetch_related("allowed_jurisdictions", "user_regions"))
     result = solve(build_problem(chosen))
     return store_plan(result, chosen, actor, trigger)
+
+
+# A removal so dear that the solver never gives up a running replica to place new ones.
+KEEP_RUNNING_USD_H = 1e4
+
+
+@dataclass(frozen=True)
+class Additions:
+    """Where new replicas go: (offer with its region loaded, spot, count), cheapest per
+    replica first; empty when the solver found no plan (`result` says why)."""
+
+    slots: list[tuple[Offer, bool, int]]
+    result: PlacementResult
+
+
+def place_additions(deployment: Deployment, keep: Sequence[Replica], add: int, *,
+                    gpu_types: Collection[str] = (), avoid_regions: Collection[str] = (),
+                    lower_spread: bool = False, time_limit_s: float = 5.0) -> Additions:
+    """The solver's cheapest way to run `add` replicas beside `keep`, which all stay.
+
+    The deployment is solved alone for exactly len(kept) + add replicas with no demand of
+    its own (more replicas for demand are the plans' job), over the offers of
+    `gpu_types` (all when empty) outside `avoid_regions`; replicas of `keep` on other offers
+    run on but do not count. With `lower_spread`, the spread rule asks for no more regions
+    than those left (failover: a lost region is what spread is for). Residency holds as in
+    every plan: only offers in the allowed jurisdictions are options.
+    """
+    options = tuple(o for o in offer_options() if o.region not in avoid_regions
+                    and (not gpu_types or o.gpu.name in gpu_types))
+    listed = {o.id for o in options}
+    kept = [r for r in keep if r.offer_id in listed]
+    total = len(kept) + add
+    request = dataclasses.replace(deployment_request(deployment), min_replicas=total,
+                                  max_replicas=total, tokens_per_s=0.0)
+    if lower_spread:
+        usable = {o.region for o in options if o.jurisdiction in request.allowed_jurisdictions}
+        request = dataclasses.replace(
+            request, spread_regions=max(1, min(request.spread_regions, len(usable))))
+    running = Counter((r.offer_id, r.spot) for r in kept if r.offer_id is not None)
+    result = solve(PlacementProblem(
+        (request,), options, quota_left([deployment.pk]),
+        tuple(ExistingReplica(deployment.pk, o, s, n) for (o, s), n in running.items()),
+        move_penalty_usd_h=KEEP_RUNNING_USD_H, time_limit_s=time_limit_s))
+    if not result.has_plan:
+        return Additions([], result)
+    adds = sorted((c for c in result.changes if c.action == "add"),
+                  key=lambda c: c.usd_h_delta / max(c.count, 1))
+    offers = Offer.objects.select_related("region__cloud").in_bulk([c.offer_id for c in adds])
+    slots, left = [], add
+    for c in adds:
+        n = min(c.count, left)
+        if n > 0:
+            slots.append((offers[c.offer_id], c.spot, n))
+            left -= n
+    return Additions(slots, result)

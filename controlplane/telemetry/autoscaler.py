@@ -16,7 +16,6 @@ retire_replica), keeping the deployment spread over its regions.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 ACTOR = "system:autoscaler"
 SCRAPE_INTERVAL_S = 2.0
 # Keep running replicas whatever the price difference: a scale-up adds, it never moves.
-KEEP_EXISTING_USD_H = 1e4
 SOLVER_TIME_LIMIT_S = 5.0
 # Edge statuses that mean "no replica could take it": what wakes a deployment from zero.
 UNSERVED_STATUSES = frozenset({"404", "502", "503"})
@@ -322,41 +320,23 @@ class Placement:
 def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) -> Placement:
     """Where `add` new replicas go: the solver's cheapest plan that keeps every running
     replica; else beside the running ones; never outside the allowed jurisdictions."""
-    from controlplane.placement.proposals import deployment_request, offer_options, quota_left
-    from controlplane.placement.solver import ExistingReplica, PlacementProblem, solve
+    from controlplane.placement.proposals import place_additions, quota_left
 
     # New replicas are on the GPU type already running (or, from zero, last run): the
     # in-flight target is per replica, so the fleet stays uniform. Every replica runs the
     # deployment's one engine (TP × PP) whatever the node size, and the solver offers only
     # nodes that hold it, so the node size is the solver's to choose.
-    kinds = _replica_kinds(deployment, active)
-    options = tuple(o for o in offer_options() if not kinds or o.gpu.name in kinds)
-    listed = {o.id for o in options}
-    kept = [r for r in active if r.offer_id in listed]
-    total = len(kept) + add
-    request = dataclasses.replace(deployment_request(deployment), min_replicas=total,
-                                  max_replicas=total, tokens_per_s=0.0)
-    existing = Counter((r.offer_id, r.spot) for r in kept if r.offer_id is not None)
-    quota = quota_left([deployment.pk])
-    result = solve(PlacementProblem(
-        (request,), options, quota,
-        tuple(ExistingReplica(deployment.pk, o, s, n) for (o, s), n in existing.items()),
-        move_penalty_usd_h=KEEP_EXISTING_USD_H, time_limit_s=SOLVER_TIME_LIMIT_S))
-    if result.has_plan:
-        adds = sorted((c for c in result.changes if c.action == "add"),
-                      key=lambda c: c.usd_h_delta / max(c.count, 1))
-        offers = Offer.objects.select_related("region__cloud").in_bulk([c.offer_id for c in adds])
-        slots, left = [], add
-        for c in adds:
-            n = min(c.count, left)
-            if n > 0:
-                slots.append((offers[c.offer_id].region, offers[c.offer_id], c.spot, n))
-                left -= n
-        if slots:
-            return Placement(slots, f"solver: {', '.join(f'{n} × {o}' for _, o, _, n in slots)} "
-                                    f"(${result.cost_after_usd_h:.2f}/h after)")
+    placed = place_additions(deployment, active, add,
+                             gpu_types=_replica_kinds(deployment, active),
+                             time_limit_s=SOLVER_TIME_LIMIT_S)
+    if placed.slots:
+        return Placement([(o.region, o, spot, n) for o, spot, n in placed.slots],
+                         f"solver: {', '.join(f'{n} × {o}' for o, _, n in placed.slots)} "
+                         f"(${placed.result.cost_after_usd_h:.2f}/h after)")
+    result = placed.result
     why = "; ".join(result.explanation) or f"solver status {result.status}"
-    return _beside_running(deployment, active, add, quota, f"solver found no plan ({why})")
+    return _beside_running(deployment, active, add, quota_left([deployment.pk]),
+                           f"solver found no plan ({why})")
 
 
 def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[str]:

@@ -199,3 +199,13 @@ def test_replacements_go_on_nodes_that_hold_the_deployments_engine(catalog, depl
     assert len(new) == 2 and {r.offer_id for r in new} == {wide.pk}
     spec = spec_for(new[0])
     assert (spec.gpus_per_node, spec.nodes, spec.tensor_parallel) == (2, 1, 2)
+
+
+def test_a_draining_replica_does_not_count_as_one_that_stays(  # type: ignore[no-untyped-def]
+        catalog, deployment, ready_replica, engines, sent_tasks):
+    ready_replica(deployment, catalog["fra"], engines().url)
+    leaving = ready_replica(deployment, catalog["fra"], engines().url)
+    Replica.objects.filter(pk=leaving.pk).update(state=S.DRAINING)
+    ready_replica(deployment, catalog["fra"], dead_url())
+    # min 2: one serves, one drains, one failed → one replacement.
+    assert len(services.watch().replacements) == 1
