@@ -20,7 +20,8 @@ from django.utils import timezone
 from controlplane.core.services import Principal
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
-from controlplane.telemetry.models import EdgeSample, ReplicaSample
+from controlplane.telemetry.models import ReplicaSample
+from controlplane.telemetry.services import newest_edge_requests
 from frontend.access import scoped
 
 FIELDS = ("replica_id", "at", "up", "running", "waiting", "kv_usage", "counters", "buckets")
@@ -132,30 +133,15 @@ class EdgeErrors:
 def edge_errors(newer: Mapping[int, Mapping[str, float]],
                 older: Mapping[int, Mapping[str, float]], tenant: str | None) -> EdgeErrors | None:
     """Requests and 5xx between each edge's older and newer counters (keyed
-    "model|region|tenant|status"), for one tenant's requests or, with None, all. Pure."""
-    from controlplane.alerts.rules import is_error_status
-    from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
+    "model|region|tenant|status"), for one tenant's requests or, with None, all; None when
+    no edge has an older sample to compare with. Pure."""
+    from controlplane.alerts.rules import traffic_by_model
 
-    requests = errors = 0.0
-    compared = False
-    for edge_id, counters in newer.items():
-        if edge_id not in older:
-            continue
-        compared = True
-        for joined, grown in counter_delta(counters, older[edge_id]).items():
-            labels = split_key(joined, REQUEST_LABELS)
-            if tenant is not None and labels["tenant"] != tenant:
-                continue
-            requests += grown
-            errors += grown if is_error_status(labels["status"]) else 0.0
-    return EdgeErrors(requests, errors) if compared else None
-
-
-def _edge_counters(before: datetime | None, since: datetime) -> dict[int, dict[str, float]]:
-    rows = EdgeSample.objects.filter(up=True, edge__enabled=True, at__gte=since)
-    if before is not None:
-        rows = rows.filter(at__lte=before)
-    return dict(rows.order_by("edge_id", "-at").distinct("edge_id").values_list("edge_id", "requests"))
+    if not any(edge_id in older for edge_id in newer):
+        return None
+    by_model = traffic_by_model(((counters, older.get(edge_id)) for edge_id, counters in
+                                 newer.items()), tenant)
+    return EdgeErrors(sum(r for r, _ in by_model.values()), sum(e for _, e in by_model.values()))
 
 
 def fleet_now(principal: Principal, window_s: int = 60, now: datetime | None = None) -> FleetNow:
@@ -178,16 +164,11 @@ def fleet_now(principal: Principal, window_s: int = 60, now: datetime | None = N
         # Two more queries: each edge's newest counters, and its newest from before the window
         # (at most an hour old, so that an edge restarted meanwhile is not compared).
         errors=edge_errors(
-            _edge_counters(None, now - timedelta(seconds=window_s)),
-            _edge_counters(now - timedelta(seconds=window_s), now - timedelta(hours=1)),
-            None if principal.is_platform else _tenant_name(principal)),
+            newest_edge_requests(since=now - timedelta(seconds=window_s)),
+            newest_edge_requests(before=now - timedelta(seconds=window_s),
+                                 since=now - timedelta(hours=1)),
+            principal.tenant_name()),
     )
-
-
-def _tenant_name(principal: Principal) -> str:
-    from controlplane.core.models import Tenant
-
-    return Tenant.objects.filter(pk=principal.tenant_id).values_list("name", flat=True).first() or ""
 
 
 @dataclass

@@ -131,23 +131,14 @@ def latency_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findi
     return findings
 
 
-def _newest_edge_samples(before: datetime | None = None) -> dict[int, dict[str, float]]:
-    from controlplane.telemetry.models import EdgeSample
-
-    rows = EdgeSample.objects.filter(up=True, edge__enabled=True)
-    if before is not None:
-        rows = rows.filter(at__lte=before)
-    newest = rows.order_by("edge_id", "-at").distinct("edge_id").values_list("edge_id", "requests")
-    return dict(newest)
-
-
 def model_traffic(now: datetime, window_s: int) -> list[rules.ModelTraffic]:
     """Requests and 5xx per model over the window, summed over edges: for each edge, the
     newest sample less the newest sample at or before the window's start."""
     from controlplane.deployments.models import Deployment
+    from controlplane.telemetry.services import newest_edge_requests
 
-    newer = _newest_edge_samples()
-    older = _newest_edge_samples(before=now - timedelta(seconds=window_s))
+    newer = newest_edge_requests()
+    older = newest_edge_requests(before=now - timedelta(seconds=window_s))
     totals = rules.traffic_by_model(
         (requests, older.get(edge_id)) for edge_id, requests in newer.items())
     owners: dict[str, set[int | None]] = {}

@@ -49,6 +49,13 @@ class Principal:
     def has_role(self, needed: str) -> bool:
         return self.role is not None and ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(needed)]
 
+    def tenant_name(self) -> str | None:
+        """None for platform staff; else the name of the tenant they are confined to (rows
+        such as cost rollups and edge counters carry tenants by name). One query."""
+        if self.tenant_id is None:
+            return None
+        return Tenant.objects.filter(pk=self.tenant_id).values_list("name", flat=True).first() or ""
+
 
 def principal_for(user: Any) -> Principal:
     if user is None or not getattr(user, "is_authenticated", False):

@@ -17,17 +17,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.core.models import Tenant
-from controlplane.core.services import Principal, principal_for
+from controlplane.core.services import principal_for
 from controlplane.costs import services
 from controlplane.costs.models import CostRollup
-
-
-def _tenant_name(principal: Principal) -> str | None:
-    """None for platform staff (every row), else the caller's tenant's name."""
-    if principal.tenant_id is None:  # platform staff
-        return None
-    rows = Tenant.objects.filter(id=principal.tenant_id)
-    return rows.values_list("name", flat=True).first() or ""
 
 
 class CostQuerySerializer(serializers.Serializer):
@@ -86,7 +78,7 @@ class CostSummaryView(APIView):
         query = CostQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data
-        rows = services.rollups_for(_tenant_name(principal_for(request.user)))
+        rows = services.rollups_for(principal_for(request.user).tenant_name())
         rows = rows.filter(hour__gte=services.hour_of(q["since"]), hour__lt=q["until"])
         for field in ("model", "region", "tenant"):
             if field in q:
@@ -134,7 +126,7 @@ class CostRollupViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     ordering_fields = ["hour", "usd"]
 
     def get_queryset(self) -> QuerySet[CostRollup]:
-        tenant = _tenant_name(principal_for(self.request.user))
+        tenant = principal_for(self.request.user).tenant_name()
         return super().get_queryset().filter(**({} if tenant is None else {"tenant": tenant}))
 
 

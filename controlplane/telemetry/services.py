@@ -89,6 +89,18 @@ def collect_edges(now: Any = None) -> list[EdgeDelta]:
     return deltas
 
 
+def newest_edge_requests(before: Any = None, since: Any = None) -> dict[int, dict[str, float]]:
+    """Each enabled edge's request counters from its newest answered scrape (at or before
+    `before`, not older than `since`): edge id → {"model|region|tenant|status": count}."""
+    rows = EdgeSample.objects.filter(up=True, edge__enabled=True)
+    if before is not None:
+        rows = rows.filter(at__lte=before)
+    if since is not None:
+        rows = rows.filter(at__gte=since)
+    return dict(rows.order_by("edge_id", "-at").distinct("edge_id")
+                .values_list("edge_id", "requests"))
+
+
 def _latest_edge_samples(edge_ids: list[int]) -> list[EdgeSample]:
     newest = (EdgeSample.objects.filter(edge_id=OuterRef("edge_id")).order_by("-at")
               .values("pk")[:1])

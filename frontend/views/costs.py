@@ -92,11 +92,7 @@ def costs(request: HttpRequest) -> HttpResponse:
         period = form.cleaned_data["period"]
     now = timezone.now()
     since, until, bucket = window(period, now)
-    tenant_name = None
-    if principal.tenant_id is not None:
-        tenant_name = (Tenant.objects.filter(id=principal.tenant_id)
-                       .values_list("name", flat=True).first() or "")
-    rows = services.rollups_for(tenant_name).filter(hour__gte=since, hour__lt=until)
+    rows = services.rollups_for(principal.tenant_name()).filter(hour__gte=since, hour__lt=until)
     by_model = services.summarize(rows, "model")
     by_region = services.summarize(rows, "region")
     by_tenant = services.summarize(rows, "tenant")
