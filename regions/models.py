@@ -64,6 +64,13 @@ class Region(models.Model):
         """`cloud:code`, the name used in routing tables and on the command line."""
         return f"{self.cloud.name}:{self.code}"
 
+    @staticmethod
+    def key_filter(key: str, prefix: str = "") -> dict[str, str]:
+        """Filter arguments that select the region named `key` (`cloud:code`), from a model
+        that reaches regions through `prefix` (e.g. "region__")."""
+        cloud, _, code = (key or "").partition(":")
+        return {f"{prefix}cloud__name": cloud, f"{prefix}code": code}
+
     def __str__(self) -> str:
         return self.key
 

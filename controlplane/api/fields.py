@@ -33,11 +33,10 @@ class RegionKeyField(serializers.RelatedField):
     def to_internal_value(self, data: Any) -> Region:
         if not isinstance(data, str) or data.count(":") != 1:
             self.fail("format", value=data)
-        cloud, code = data.split(":")
         queryset = self.get_queryset()
         # RelatedField requires a queryset unless read-only, and read-only fields never parse.
         assert queryset is not None
-        region = queryset.filter(cloud__name=cloud, code=code).first()
+        region = queryset.filter(**Region.key_filter(data)).first()
         if region is None:
             self.fail("missing", value=data)
         return region

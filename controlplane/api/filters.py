@@ -11,8 +11,7 @@ from regions.models import Offer, Quota, Region
 
 
 def _by_region_key(queryset: QuerySet, prefix: str, value: str) -> QuerySet:
-    cloud, _, code = value.partition(":")
-    return queryset.filter(**{f"{prefix}cloud__name": cloud, f"{prefix}code": code})
+    return queryset.filter(**Region.key_filter(value, prefix))
 
 
 class RegionFilter(filters.FilterSet):

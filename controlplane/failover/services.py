@@ -406,8 +406,7 @@ class DrillRefused(Exception):
 
 
 def region_by_key(key: str) -> Region:
-    cloud, _, code = (key or "").partition(":")
-    region = Region.objects.select_related("cloud").filter(cloud__name=cloud, code=code).first()
+    region = Region.objects.select_related("cloud").filter(**Region.key_filter(key)).first()
     if region is None:
         raise DrillRefused("region", f"no region {key!r}; use cloud:code, e.g. local:ap-tokyo")
     return region

@@ -119,9 +119,8 @@ def _scale_regions(deployment: Deployment) -> list[tuple[str, str]]:
 
 
 def _region_by_key(key: str) -> Region:
-    cloud, _, code = key.partition(":")
     return get_object_or_404(Region.objects.select_related("cloud", "jurisdiction"),
-                             cloud__name=cloud, code=code)
+                             **Region.key_filter(key))
 
 
 def _detail_context(request: HttpRequest, deployment: Deployment,

@@ -102,9 +102,8 @@ class Command(BaseCommand):
         return found
 
     def _region(self, key: str) -> Region:
-        cloud, sep, code = key.partition(":")
-        region = (Region.objects.select_related("cloud").filter(cloud__name=cloud, code=code)
-                  .first() if sep else None)
+        region = (Region.objects.select_related("cloud").filter(**Region.key_filter(key))
+                  .first() if ":" in key else None)
         if region is None:
             known = ", ".join(r.key for r in Region.objects.select_related("cloud")) or "none"
             raise CommandError(f"unknown region {key!r}; use CLOUD:REGION (known: {known})")
