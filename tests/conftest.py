@@ -83,6 +83,24 @@ def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> list[SentTask]:
 
 
 @pytest.fixture
+def api_schema():  # type: ignore[no-untyped-def]
+    """The API's OpenAPI schema, called through WSGI, for schemathesis fuzzing."""
+    import schemathesis
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections
+
+    from controlplane.wsgi import application
+
+    # Raw WSGI calls would close the test's connection at the end of each request, as the
+    # Django test client avoids doing by the same means.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield schemathesis.openapi.from_wsgi("/api/schema/", application)
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
 def tenants(catalog):  # type: ignore[no-untyped-def]
     from controlplane.core.models import Tenant
 

@@ -10,23 +10,6 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from controlplane.core.models import Role
 
-
-@pytest.fixture
-def api_schema():  # type: ignore[no-untyped-def]
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
-
-    from controlplane.wsgi import application
-
-    # Raw WSGI calls would close the test's connection at the end of each request, as the
-    # Django test client avoids doing by the same means.
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield schemathesis.openapi.from_wsgi("/api/schema/", application)
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
-
-
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
