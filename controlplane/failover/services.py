@@ -412,13 +412,18 @@ def region_by_key(key: str) -> Region:
     return region
 
 
+def drillable() -> Any:
+    """Replicas a drill would kill: live local ones not already draining."""
+    return Replica.objects.filter(state__in=LIVE_STATES, provider="local",
+                                  region__cloud__name="local").exclude(state=S.DRAINING)
+
+
 def drill_victims(region: Region) -> list[Replica]:
     """The replicas a drill in `region` would kill; DrillRefused says why there can be none."""
     if region.cloud.name != "local":
         raise DrillRefused("region", f"drills kill local lab replicas only; {region.key} is on "
                                      f"{region.cloud.name}")
-    victims = list(Replica.objects.filter(region=region, state__in=LIVE_STATES, provider="local")
-                   .exclude(state=S.DRAINING).select_related("deployment"))
+    victims = list(drillable().filter(region=region).select_related("deployment"))
     if not victims:
         raise DrillRefused("region", f"no local replica runs in {region.key}")
     if Incident.objects.filter(region=region, kind=IncidentKind.DRILL,

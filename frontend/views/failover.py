@@ -7,9 +7,6 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
 from controlplane.core.models import Role
-from controlplane.deployments.lifecycle import LIVE_STATES
-from controlplane.deployments.models import Replica
-from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover import services
 from controlplane.failover.models import Incident, RegionHealth
 from frontend import charts
@@ -23,10 +20,7 @@ HEALTH_ORDER = {"down": 0, "degraded": 1, "healthy": 2}
 def drill_regions() -> list[tuple[str, int]]:
     """Local regions with replicas a drill could kill: (key, how many)."""
     counts: dict[str, int] = {}
-    for cloud, code in (Replica.objects.filter(provider="local", state__in=LIVE_STATES,
-                                               region__cloud__name="local")
-                        .exclude(state=S.DRAINING)
-                        .values_list("region__cloud__name", "region__code")):
+    for cloud, code in services.drillable().values_list("region__cloud__name", "region__code"):
         key = f"{cloud}:{code}"
         counts[key] = counts.get(key, 0) + 1
     return sorted(counts.items())
