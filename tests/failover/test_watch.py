@@ -209,3 +209,18 @@ def test_a_draining_replica_does_not_count_as_one_that_stays(  # type: ignore[no
     ready_replica(deployment, catalog["fra"], dead_url())
     # min 2: one serves, one drains, one failed → one replacement.
     assert len(services.watch().replacements) == 1
+
+
+def test_a_quiet_second_writes_one_update_for_region_health(  # type: ignore[no-untyped-def]
+        catalog, deployment, ready_replica, engines, sent_tasks):
+    from django.test.utils import CaptureQueriesContext
+
+    for region in (catalog["fra"], catalog["ams"]):
+        ready_replica(deployment, region, engines().url)
+    services.update_region_health()
+    with CaptureQueriesContext(connection) as queries:
+        services.update_region_health()
+    writes = [q["sql"] for q in queries.captured_queries
+              if q["sql"].startswith(("UPDATE", "INSERT"))]
+    assert len(writes) == 1 and "checked_at" in writes[0]
+    assert RegionHealth.objects.count() == 2
