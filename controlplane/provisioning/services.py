@@ -20,10 +20,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
+from controlplane.costs.services import replica_nodes as launched_nodes
 from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.placement.capacity import replica_nodes
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
@@ -104,9 +104,9 @@ def spec_for(replica: Replica) -> ReplicaSpec:
     offer = replica.offer
     tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
     gpus = offer.gpus_per_node if offer else tp
-    # Nodes cannot hold the layout (the plan predates a settings change): as many nodes as
-    # the ranks need, which the provider's own checks then refuse by name.
-    nodes = replica_nodes(tp, pp, gpus) or max(1, -(-tp * pp // gpus))
+    # Enough nodes for every rank, the nodes costs bill (where they cannot hold the layout,
+    # e.g. a plan older than a settings change, the provider's own checks refuse it by name).
+    nodes = launched_nodes(tp, pp, gpus)
     return ReplicaSpec(
         replica_id=replica.public_id,
         deployment=deployment.name,
