@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -461,7 +461,3 @@ def start_drill(region: Region, *, actor: str) -> Incident:
     note(incident, f"killed {', '.join(names)}")
     incident.save(update_fields=["notes"])
     return incident
-
-
-def incident_counts() -> Counter[str]:
-    return Counter(Incident.objects.filter(resolved_at__isnull=True).values_list("kind", flat=True))

@@ -387,12 +387,11 @@ def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,
 # -- scale-down --------------------------------------------------------------------------------
 
 def _usd_h(replica: Replica) -> Decimal:
-    offer = replica.offer
-    if offer is None:
-        return Decimal(0)
-    if replica.spot and offer.spot_usd_h is not None:
-        return offer.spot_usd_h
-    return offer.on_demand_usd_h
+    """What the replica costs per hour, as billed (costs.usd_h_for)."""
+    from controlplane.costs.services import usd_h_for
+
+    d = replica.deployment
+    return usd_h_for(replica.offer, replica.spot, d.tensor_parallel, d.pipeline_parallel)
 
 
 def choose_retirements(active: Sequence[Replica], k: int, load: Mapping[int, float],
