@@ -3,10 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# The edge's request path compiled with mypyc; `edge.native` ignores a build whose sources
+# have changed, so this only decides when to rebuild.
+EDGE_BUILD := edge/_native.json
 
-.PHONY: setup up test test-fast lint bench clean
+.PHONY: setup up test test-fast lint bench clean edge-native edge-pure
 
-setup: $(STAMP)
+setup: $(STAMP) $(EDGE_BUILD)
 
 # Reinstalls only when pyproject.toml changes, so a second `make setup` takes a moment.
 $(STAMP): pyproject.toml
@@ -14,6 +17,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
+
+$(EDGE_BUILD): $(STAMP) $(wildcard edge/*.py) tools/build_edge.py
+	@$(BIN)/python tools/build_edge.py || \
+	  echo "[build_edge] could not compile the edge; it runs from source (slower)"
+
+edge-native: $(STAMP)
+	$(BIN)/python tools/build_edge.py
+
+edge-pure: $(STAMP)
+	$(BIN)/python tools/build_edge.py --clean
 
 up: setup
 	$(BIN)/python -m controlplane.lab
@@ -34,4 +47,4 @@ bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) var build *.egg-info
+	rm -rf $(VENV) var build *.egg-info edge/*.so $(EDGE_BUILD)

@@ -14,6 +14,9 @@ requests per second for JSON and streams per second for SSE at 32. "Added" laten
 proxy's percentile minus direct's. The edge's table lists two replicas (the same upstream
 under two ids; `--replicas`), so its whole scheduling pipeline, prefix hashing included, runs
 on every request, as do authentication, the tenant's rate limits, metrics and the access log.
+When the edge's request path is compiled (`tools/build_edge.py`, run by `make setup`), the
+same edge run from source (`MERIDIAN_EDGE_PURE=1`) is measured beside it on JSON as
+"edge-source", so the JSON shows what compiling buys (`compiled_rps_ratio_vs_source`).
 
     python bench/edge_overhead.py --quick
 
@@ -39,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import httptools  # noqa: E402
 
+from edge import BUILD  # noqa: E402
 from edge.local import LocalEdge, build_table, free_port, replica_entry  # noqa: E402
 
 API_KEY = "sk-bench-edge-overhead"
@@ -391,6 +395,8 @@ async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
     n_c1 = 1500 if quick else 5000
     seconds, n_rounds = (1.5, 2) if quick else (5.0, 3)
     names = ", ".join(t.name for t in targets)
+    # The edge run from source is measured on JSON only, where the two builds differ.
+    streams = [t for t in targets if t.name != "edge-source"]
     log(f"JSON, 1 concurrent, {n_c1} requests each, interleaved: {names}")
     json_c1 = summary(await interleaved_c1(targets, n_c1, sse=False))
     log(f"  {json_c1}")
@@ -398,10 +404,10 @@ async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
     json_c32 = summary(await rounds(targets, 32, seconds, n_rounds, sse=False))
     log(f"  {json_c32}")
     log(f"SSE ({SSE_EVENTS} events), 1 concurrent, interleaved")
-    sse_c1 = summary(await interleaved_c1(targets, n_c1 // 10, sse=True))
+    sse_c1 = summary(await interleaved_c1(streams, n_c1 // 10, sse=True))
     log(f"  {sse_c1}")
     log(f"SSE, 32 concurrent streams, {n_rounds} rounds of {seconds}s each")
-    sse_c32 = summary(await rounds(targets, 32, seconds, n_rounds, sse=True))
+    sse_c32 = summary(await rounds(streams, 32, seconds, n_rounds, sse=True))
     log(f"  {sse_c32}")
     errors = sum(r["errors"] for s in (json_c1, json_c32, sse_c1, sse_c32) for r in s.values())
     return {
@@ -419,6 +425,9 @@ async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
         "nginx_added_p50_ms_c32": added(json_c32, "nginx", "p50_ms"),
         "nginx_added_p99_ms_c32": added(json_c32, "nginx", "p99_ms"),
         "nginx_rps_ratio_vs_direct": ratio(json_c32, "nginx", "direct"),
+        "source_rps_ratio_vs_nginx": ratio(json_c32, "edge-source", "nginx"),
+        "source_added_p50_ms_c1": added(json_c1, "edge-source", "p50_ms"),
+        "compiled_rps_ratio_vs_source": ratio(json_c32, "edge", "edge-source"),
         "errors": errors,
         "detail": {"json_c1": json_c1, "json_c32": json_c32, "sse_c1": sse_c1,
                    "sse_c32": sse_c32},
@@ -445,19 +454,27 @@ def main() -> int:
     processes: list[subprocess.Popen[bytes]] = []
     workdir = Path(tempfile.mkdtemp(prefix="meridian-bench-"))
     edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
+    # The same edge run from source beside the compiled one, when there is a compiled one.
+    source_edge = (LocalEdge(name="edge-bench-source", extra_args=["--probe-interval", "1"],
+                             env={"MERIDIAN_EDGE_PURE": "1"}) if BUILD.native else None)
+    edges = [edge] if source_edge is None else [edge, source_edge]
     try:
         upstream, upstream_port = start_upstream(args.sse_gap_ms / 1000)
         processes.append(upstream)
         log(f"upstream (in-file, vLLM-shaped answers) on 127.0.0.1:{upstream_port}")
-        edge.start()
         url = f"http://127.0.0.1:{upstream_port}"
-        edge.push(build_table(1, edge.name, {MODEL: [
-            replica_entry(f"bench-r{i + 1}", url, max_inflight=1024)
-            for i in range(args.replicas)
-        ]}, {API_KEY: {"tenant": "bench", "jurisdictions": ["EU"], "rpm": 100_000_000,
-                       "tpm": 1_000_000_000, "models": ["*"], "tier": "interactive"}}))
-        log(f"edge on {edge.url} (access log {edge.access_log})")
+        for e in edges:
+            e.start()
+            e.push(build_table(1, e.name, {MODEL: [
+                replica_entry(f"bench-r{i + 1}", url, max_inflight=1024)
+                for i in range(args.replicas)
+            ]}, {API_KEY: {"tenant": "bench", "jurisdictions": ["EU"], "rpm": 100_000_000,
+                           "tpm": 1_000_000_000, "models": ["*"], "tier": "interactive"}}))
+        log(f"edge on {edge.url}, request path {BUILD.detail} (access log {edge.access_log})")
         targets = [Target("direct", upstream_port), Target("edge", edge.port)]
+        if source_edge is not None:
+            log(f"edge-source on {source_edge.url}: the same edge run from source")
+            targets.append(Target("edge-source", source_edge.port))
         nginx = None if args.no_nginx else start_nginx(upstream_port, workdir)
         if nginx is not None:
             processes.append(nginx[0])
@@ -467,7 +484,8 @@ def main() -> int:
             log("nginx not found (or --no-nginx): no nginx comparison")
         result = uvloop.run(measure(targets, args.quick))
     finally:
-        edge.close()
+        for e in edges:
+            e.close()
         for process in processes:
             process.terminate()
         for process in processes:
@@ -479,6 +497,7 @@ def main() -> int:
     result["seconds"] = round(time.monotonic() - started, 1)
     result["upstream"] = "in-file minimal HTTP/1.1 server with vLLM-shaped answers"
     result["edge_replicas"] = args.replicas
+    result["edge_build"] = BUILD.detail
     result["cpus"] = os.cpu_count()
     log(f"done in {result['seconds']}s")
     print(json.dumps(result))

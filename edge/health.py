@@ -154,7 +154,7 @@ class Prober:
         for replica in self._replicas():
             seen.setdefault(replica.id, replica)
         if seen:
-            await asyncio.gather(*(self.probe(r) for r in seen.values()))
+            await asyncio.gather(*[self.probe(r) for r in seen.values()])
 
     async def probe(self, replica: Replica) -> None:
         ok = False

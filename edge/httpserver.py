@@ -462,7 +462,8 @@ class HttpServer:
             reuse_address=True,
         )
         self._sweeper = loop.create_task(self._sweep_idle())
-        return int(self._server.sockets[0].getsockname()[1])
+        server: Any = self._server  # uvloop's `sockets` is a list, not the stubs' tuple
+        return int(server.sockets[0].getsockname()[1])
 
     async def _sweep_idle(self) -> None:
         # Keep-alive connections left idle, and requests that take too long to arrive (a

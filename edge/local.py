@@ -69,7 +69,8 @@ def build_table(version: int, edge: str, models: Mapping[str, Sequence[Mapping[s
 class LocalEdge:
     def __init__(self, name: str = "edge-lab-1", region: str = "local:lab-1",
                  key: Ed25519PrivateKey | None = None, state_dir: Path | None = None,
-                 access_log: str | None = None, extra_args: Sequence[str] = ()) -> None:
+                 access_log: str | None = None, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.region = region
         self.key = key or Ed25519PrivateKey.generate()
@@ -77,6 +78,7 @@ class LocalEdge:
         self.state_dir = state_dir or Path(self._tmp.name) / "state"
         self.access_log = access_log or str(Path(self._tmp.name) / "access.log")
         self.extra_args = list(extra_args)
+        self.env = dict(env or {})
         self.port = free_port()
         self.admin_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -101,7 +103,8 @@ class LocalEdge:
             "--log-level", "WARNING", *self.extra_args,
         ]
         root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **self.env}
         self.process = subprocess.Popen(command, env=env, cwd=root)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -165,5 +165,8 @@ class EdgeMetrics:
         self.queue_waits = r.add(Counter(
             "meridian_edge_queue_waits_total", "Requests that waited for capacity, by outcome.",
             ("tier", "outcome")))
+        self.build = r.add(Gauge(
+            "meridian_edge_build_info", "1, labelled with how the request path runs: "
+            "compiled (mypyc) or source.", ("mode",)))
         self.client_disconnects = r.add(Counter(
             "meridian_edge_client_disconnects_total", "Requests the client abandoned."))

@@ -19,6 +19,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from edge import BUILD
 from edge.admin import AdminApi
 from edge.admission import CapacityQueue
 from edge.health import Prober, ReplicaStats, record_failure, record_success
@@ -89,6 +90,7 @@ class Edge:
         self.table_installed_at = 0.0
         self.stats: dict[str, ReplicaStats] = {}
         self.metrics = EdgeMetrics()
+        self.metrics.build.set(("compiled" if BUILD.native else "source",), 1)
         self.limiter = TenantLimiter()
         self.prefix_index = PrefixIndex(config.prefix_index_blocks)
         self.picker_state = PickerState()
@@ -222,8 +224,8 @@ class Edge:
             self.prober.start()
         if self.puller is not None:
             self.puller.start()
-        log.info("edge %s (%s) serving on %s:%d, admin on %s:%d", self.name, self.region,
-                 listen[0], port, admin_listen[0], admin_port)
+        log.info("edge %s (%s) serving on %s:%d, admin on %s:%d; request path %s", self.name,
+                 self.region, listen[0], port, admin_listen[0], admin_port, BUILD.detail)
         return port, admin_port
 
     def inflight(self) -> int:
