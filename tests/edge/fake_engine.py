@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,17 +83,17 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self.complete)
         return app
 
-    async def start(self, port: int = 0) -> str:
+    async def start(self, port: int = 0, tls: ssl.SSLContext | None = None) -> str:
         # Cancelling the handler when the client goes away is how it notices an abandoned
         # request, as vLLM does.
         self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=tls)
         await site.start()
         server = site._server
         assert server is not None
         bound = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{bound}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{bound}"
         return self.url
 
     async def stop(self) -> None:

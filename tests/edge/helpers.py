@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,9 +32,9 @@ class EdgeUnderTest:
     """An edge in this event loop, with its two base URLs and a client session."""
 
     def __init__(self, edge: Edge, port: int, admin_port: int,
-                 session: aiohttp.ClientSession) -> None:
+                 session: aiohttp.ClientSession, scheme: str = "http") -> None:
         self.edge = edge
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{scheme}://127.0.0.1:{port}"
         self.admin_url = f"http://127.0.0.1:{admin_port}"
         self.session = session
 
@@ -55,14 +56,16 @@ class EdgeUnderTest:
 
 @contextlib.asynccontextmanager
 async def running_edge(key: Ed25519PrivateKey, state_dir: Path, name: str = "edge-test",
+                       tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | None = None,
                        **config: Any) -> AsyncIterator[EdgeUnderTest]:
     config.setdefault("probes", False)
     edge = Edge(EdgeConfig(name=name, region="local:test-1", state_dir=state_dir,
                            public_keys=[key.public_key()], **config))
-    port, admin_port = await edge.start(("127.0.0.1", 0), ("127.0.0.1", 0))
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
+    port, admin_port = await edge.start(("127.0.0.1", 0), ("127.0.0.1", 0), tls)
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20),
+                                    connector=aiohttp.TCPConnector(ssl=client_tls or True))
     try:
-        yield EdgeUnderTest(edge, port, admin_port, session)
+        yield EdgeUnderTest(edge, port, admin_port, session, "https" if tls else "http")
     finally:
         await session.close()
         await edge.stop(drain_s=0.5)
