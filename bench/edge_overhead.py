@@ -393,7 +393,7 @@ def ratio(s: dict[str, dict[str, float]], a: str, b: str) -> float | None:
 
 async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
     n_c1 = 1500 if quick else 5000
-    seconds, n_rounds = (1.5, 2) if quick else (5.0, 3)
+    seconds, n_rounds = (0.75, 4) if quick else (2.5, 6)
     names = ", ".join(t.name for t in targets)
     # The edge run from source is measured on JSON only, where the two builds differ.
     streams = [t for t in targets if t.name != "edge-source"]

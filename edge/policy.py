@@ -35,14 +35,24 @@ TIE_EPSILON = 1e-9
 _NO_STATS = ReplicaStats()
 
 
-@dataclass(slots=True)
 class RouteRequest:
-    """What the pipeline needs to know about one request."""
+    """What the pipeline needs to know about one request.
 
-    model: str
-    tier: str = "interactive"
-    prefix: Sequence[int] = ()
-    prompt_tokens: int = 0
+    A plain class rather than a dataclass: one is made per request, and a dataclass's
+    generated `__init__` stays interpreted Python in the compiled edge."""
+
+    __slots__ = ("model", "tier", "prefix", "prompt_tokens")
+
+    def __init__(self, model: str, tier: str = "interactive", prefix: Sequence[int] = (),
+                 prompt_tokens: int = 0) -> None:
+        self.model = model
+        self.tier = tier
+        self.prefix = prefix
+        self.prompt_tokens = prompt_tokens
+
+    def __repr__(self) -> str:
+        return (f"RouteRequest(model={self.model!r}, tier={self.tier!r}, "
+                f"prefix={list(self.prefix)!r}, prompt_tokens={self.prompt_tokens})")
 
 
 @dataclass(slots=True)
