@@ -393,7 +393,7 @@ def ratio(s: dict[str, dict[str, float]], a: str, b: str) -> float | None:
 
 async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
     n_c1 = 1500 if quick else 5000
-    seconds, n_rounds = (0.75, 4) if quick else (2.5, 6)
+    seconds, n_rounds = (0.5, 6) if quick else (2.0, 8)
     names = ", ".join(t.name for t in targets)
     # The edge run from source is measured on JSON only, where the two builds differ.
     streams = [t for t in targets if t.name != "edge-source"]
@@ -404,7 +404,7 @@ async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
     json_c32 = summary(await rounds(targets, 32, seconds, n_rounds, sse=False))
     log(f"  {json_c32}")
     log(f"SSE ({SSE_EVENTS} events), 1 concurrent, interleaved")
-    sse_c1 = summary(await interleaved_c1(streams, n_c1 // 10, sse=True))
+    sse_c1 = summary(await interleaved_c1(streams, n_c1 // 20, sse=True))
     log(f"  {sse_c1}")
     log(f"SSE, 32 concurrent streams, {n_rounds} rounds of {seconds}s each")
     sse_c32 = summary(await rounds(streams, 32, seconds, n_rounds, sse=True))

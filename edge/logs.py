@@ -19,7 +19,7 @@ ACCESS_LOGGER = "meridian.edge.access"
 
 class AccessLog:
     def __init__(self, logger: logging.Logger | None = None, interval_s: float = 0.2,
-                 max_lines: int = 64) -> None:
+                 max_lines: int = 512) -> None:
         self.logger = logger or logging.getLogger(ACCESS_LOGGER)
         self.interval_s = interval_s
         self.max_lines = max_lines

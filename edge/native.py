@@ -30,11 +30,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 STAMP = PACKAGE_DIR / "_native.json"
 # The shared library holding mypyc's runtime and the compiled modules' code.
 GROUP = "edge._native"
-# Every module a request passes through; startup, the admin API and the command line stay
-# interpreted.
+# Every module a request passes through, and the edge itself (its attributes are read on
+# every request); the admin API, table pulls, keys and the command line stay interpreted.
 COMPILED = (
     "admission", "batch", "errors", "health", "httpserver", "logs", "metrics", "policy",
-    "prefix", "proxy", "ratelimit", "table", "upstream",
+    "prefix", "proxy", "ratelimit", "server", "table", "upstream",
 )
 
 

@@ -58,6 +58,23 @@ _NOTHING_TRIED: frozenset[str] = frozenset()
 MAX_REMEMBERED_KEYS = 4096
 
 
+def reported_usage(tail: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens from the end of an answer: the usage chunk of an SSE
+    stream, or the `usage` object of a JSON answer (vLLM puts it last).
+
+    The last `"usage"` key is found by search rather than by parsing the answer: inside a
+    string it would be escaped (`\\"usage\\"`), and parsing a long completion would cost
+    more than the rest of the response path."""
+    at = tail.rfind(b'"usage"')
+    if at < 0:
+        return None
+    prompt = _PROMPT_TOKENS.search(tail, at)
+    completion = _COMPLETION_TOKENS.search(tail, at)
+    if prompt is None or completion is None:
+        return None
+    return int(prompt.group(1)), int(completion.group(1))
+
+
 class Exchange(Listener):
     """One completion request on its way through the edge."""
 
@@ -331,7 +348,7 @@ class Exchange(Listener):
                 self.overhead_s = (self.sent_at - self.request.received_at) + (
                     time.perf_counter() - self.head_at)
                 if self.status == 200:
-                    self.usage_from_json(data)
+                    self.usage_from_tail(data)
                 self.complete()
                 return
             client.start(self.status, headers, data,
@@ -489,36 +506,14 @@ class Exchange(Listener):
                      self.replica.id.encode() + b"\r\n")
         return b"".join(parts)
 
-    def apply_usage(self, usage: Any) -> bool:
-        if not isinstance(usage, dict):
-            return False
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(prompt, int) or not isinstance(completion, int):
-            return False
-        self.prompt_tokens, self.completion_tokens = prompt, completion
-        self.usage_reported = True
-        return True
-
-    def usage_from_json(self, body: bytes) -> None:
-        try:
-            document = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(document, dict):
-            self.apply_usage(document.get("usage"))
-
     def usage_from_tail(self, tail: bytes) -> None:
-        """Usage from the end of a streamed answer: the usage chunk of an SSE stream, or the
-        `usage` object at the end of a JSON answer that came in several reads."""
-        at = tail.rfind(b'"usage"')
-        if at >= 0:
-            prompt = _PROMPT_TOKENS.search(tail, at)
-            completion = _COMPLETION_TOKENS.search(tail, at)
-            if prompt and completion:
-                self.prompt_tokens = int(prompt.group(1))
-                self.completion_tokens = int(completion.group(1))
-                self.usage_reported = True
-                return
+        """Usage from the end of an answer (`reported_usage`), or for a stream without a
+        usage chunk an estimate from its events."""
+        usage = reported_usage(tail)
+        if usage is not None:
+            self.prompt_tokens, self.completion_tokens = usage
+            self.usage_reported = True
+            return
         if self.events:
             # No usage chunk (the client did not ask for one): one event per token, less the
             # role, finish and [DONE] events, is vLLM's streaming shape.

@@ -3,6 +3,8 @@ reading vLLM's /metrics, and the metrics text format."""
 
 from __future__ import annotations
 
+import orjson
+
 from edge.health import (
     ReplicaStats,
     parse_engine_metrics,
@@ -166,3 +168,29 @@ def test_metrics_render_in_prometheus_text_format() -> None:
     assert 'meridian_edge_time_to_first_token_seconds_bucket{model="m",le="0.0025"} 0' in text
     assert 'meridian_edge_time_to_first_token_seconds_count{model="m"} 1' in text
     assert "# TYPE meridian_edge_table_version gauge" in text
+
+
+def test_reported_usage_reads_vllms_usage_wherever_its_keys_are() -> None:
+    from edge.proxy import reported_usage
+
+    answer = orjson.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+        "usage": {"prompt_tokens": 9, "total_tokens": 21, "completion_tokens": 12,
+                  "prompt_tokens_details": None}})
+    assert reported_usage(answer) == (9, 12)
+    chunk = b'data: {"choices":[],"usage":{"completion_tokens":3,"prompt_tokens":4}}\n\n'
+    assert reported_usage(b"data: [DONE]\n\n" + chunk + b"data: [DONE]\n\n") == (4, 3)
+
+
+def test_reported_usage_is_not_fooled_by_a_completion_that_talks_about_usage() -> None:
+    from edge.proxy import reported_usage
+
+    text = 'the field is "usage": {"prompt_tokens": 999, "completion_tokens": 999}'
+    tricky = orjson.dumps({"choices": [{"message": {"content": text}}], "usage": None})
+    assert reported_usage(tricky) is None
+    real = orjson.dumps({"choices": [{"message": {"content": text}}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 7}})
+    assert reported_usage(real) == (5, 7)
+    assert reported_usage(b'{"choices": []}') is None
+    assert reported_usage(b'{"usage": {"prompt_tokens": 5}}') is None
