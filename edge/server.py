@@ -132,12 +132,12 @@ class Edge:
             # Parsing and verifying a large table takes milliseconds: keep it off the loop.
             table = await loop.run_in_executor(None, load_verified, body,
                                                self.config.public_keys)
-        except SignatureError as exc:
+        except SignatureError as bad_signature:
             self.metrics.table_rejections.inc(("bad_signature",))
-            return _refusal(400, "bad_signature", str(exc), exc.field)
-        except TableError as exc:
+            return _refusal(400, "bad_signature", str(bad_signature), bad_signature.field)
+        except TableError as invalid:
             self.metrics.table_rejections.inc(("invalid",))
-            return _refusal(400, "invalid_table", str(exc), exc.field)
+            return _refusal(400, "invalid_table", str(invalid), invalid.field)
         if table.edge and table.edge != self.name:
             self.metrics.table_rejections.inc(("wrong_edge",))
             return _refusal(400, "wrong_edge", f"this table is for edge {table.edge}, not "
@@ -152,10 +152,10 @@ class Edge:
             try:
                 await loop.run_in_executor(None, save_last_known_good, self.config.state_dir,
                                            table)
-            except OSError as exc:
-                log.error("cannot persist table v%d: %s", table.version, exc)
+            except OSError as failure:
+                log.error("cannot persist table v%d: %s", table.version, failure)
                 return TableAnswer(500, {"error": {
-                    "message": f"could not persist the table: {exc}", "type": "server_error",
+                    "message": f"could not persist the table: {failure}", "type": "server_error",
                     "param": None, "code": "persist_failed"}})
             self.install(table, source)
         log.info("table v%d accepted from %s (%s)", table.version, source, table.hash[:12])

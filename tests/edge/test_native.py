@@ -101,3 +101,24 @@ def test_the_running_edge_loads_what_its_build_says() -> None:
     assert all(path.endswith(expected) for path in files.values()), files
     pure = loaded_from({**os.environ, "MERIDIAN_EDGE_PURE": "1"})
     assert all(path.endswith(".py") for path in pure.values()), pure
+
+
+def test_no_compiled_function_binds_one_name_to_two_exception_types() -> None:
+    """mypyc types an `except ... as name` variable by its first clause, so a second clause
+    binding the same name to another type fails at run time (TypeError) in the compiled
+    edge only; each clause needs its own name."""
+    import ast
+
+    clashes = []
+    for module in native.COMPILED:
+        tree = ast.parse((native.PACKAGE_DIR / f"{module}.py").read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            bound: dict[str, set[str]] = {}
+            for node in ast.walk(function):
+                if isinstance(node, ast.ExceptHandler) and node.name and node.type:
+                    bound.setdefault(node.name, set()).add(ast.unparse(node.type))
+            clashes += [f"{module}.{function.name}: {name} {sorted(types)}"
+                        for name, types in bound.items() if len(types) > 1]
+    assert clashes == []
