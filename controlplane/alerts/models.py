@@ -3,7 +3,8 @@
 `Alert` is open while the condition holds and resolved once it does not; a partial unique
 constraint keeps at most one open alert per (rule, subject). `AlertCondition` remembers since
 when a condition has held for rules that must hold for a while before they open (`for_s`).
-`AlertDelivery` is one webhook notification (opened or resolved) and its delivery state.
+`AlertDelivery` is one webhook notification (opened, escalated or resolved) and its delivery
+state.
 `RuleSetting` overrides a rule's default thresholds (see `alerts.rules.DEFAULTS`).
 """
 
@@ -110,11 +111,13 @@ class AlertCondition(models.Model):
 
 class DeliveryEvent(models.TextChoices):
     OPENED = "opened", "Opened"
+    ESCALATED = "escalated", "Escalated to critical"
     RESOLVED = "resolved", "Resolved"
 
 
 class AlertDelivery(models.Model):
-    """One webhook POST for an alert's opening or resolution, retried until sent or given up."""
+    """One webhook POST for an alert's opening, escalation or resolution, retried until sent or
+    given up."""
 
     alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="deliveries")
     event = models.CharField(max_length=16, choices=DeliveryEvent.choices)

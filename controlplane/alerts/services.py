@@ -5,8 +5,9 @@ but `last_evaluated_at`. A finding opens an alert (after its rule's `for_s`, rem
 AlertCondition), updates the open one, or — once a subject has no finding — the open alert is
 resolved. A rule whose inputs cannot be loaded is reported and leaves its alerts as they are.
 
-The webhook (`MERIDIAN_ALERT_WEBHOOK_URL`) gets one POST per opening and resolution, sent by
-the `alerts.deliver_webhook` task outside the evaluation and retried there.
+The webhook (`MERIDIAN_ALERT_WEBHOOK_URL`) gets one POST per opening, escalation (warning to
+critical, which also clears an acknowledgement) and resolution, sent by the
+`alerts.deliver_webhook` task outside the evaluation and retried there.
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ GATHERERS: tuple[tuple[tuple[str, ...], Gather], ...] = (
 @dataclass
 class Report:
     opened: list[int] = field(default_factory=list)
+    escalated: list[int] = field(default_factory=list)
     resolved: list[int] = field(default_factory=list)
     updated: int = 0
     pending: int = 0
@@ -236,7 +238,8 @@ class Report:
     errors: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        return {"opened": len(self.opened), "resolved": len(self.resolved),
+        return {"opened": len(self.opened), "escalated": len(self.escalated),
+                "resolved": len(self.resolved),
                 "updated": self.updated, "pending": self.pending,
                 "deliveries": len(self.deliveries), "errors": self.errors}
 
@@ -276,7 +279,9 @@ def evaluate(now: datetime | None = None, gatherers: Iterable[tuple[tuple[str, .
 def reconcile(findings: list[Finding], evaluated: set[str], now: datetime,
               limits: dict[str, Thresholds], url: str | None = None) -> Report:
     """Open, update and resolve alerts of the evaluated rules to match the findings; with a
-    webhook URL, queue a delivery for each opening and resolution."""
+    webhook URL, queue a delivery for each opening, escalation to critical and resolution.
+    An escalation also clears the alert's acknowledgement: a warning someone acknowledged
+    is not the critical alert it has become."""
     report = Report()
     by_key: dict[tuple[str, str], Finding] = {}
     for finding in findings:  # one finding per subject: the most severe wins
@@ -292,10 +297,18 @@ def reconcile(findings: list[Finding], evaluated: set[str], now: datetime,
     for key, finding in by_key.items():
         alert = open_alerts.get(key)
         if alert is not None:
+            escalated = (finding.severity == Severity.CRITICAL
+                         and alert.severity != Severity.CRITICAL)
             alert.severity, alert.message = finding.severity, finding.message
             alert.value, alert.threshold, alert.unit = (finding.value, finding.threshold,
                                                         finding.unit)
             alert.last_evaluated_at = now
+            if escalated:
+                _escalate(alert, url)
+                report.escalated.append(alert.pk)
+                if url:
+                    report.deliveries.append(
+                        _queue_delivery(alert, DeliveryEvent.ESCALATED, url, now))
             changed.append(alert)
             continue
         since = now
@@ -319,7 +332,8 @@ def reconcile(findings: list[Finding], evaluated: set[str], now: datetime,
         if url:
             report.deliveries.append(_queue_delivery(alert, DeliveryEvent.OPENED, url, now))
     Alert.objects.bulk_update(changed, ["severity", "message", "value", "threshold", "unit",
-                                        "last_evaluated_at"])
+                                        "last_evaluated_at", "acknowledged_at",
+                                        "acknowledged_by", "acknowledge_note", "notify_state"])
     report.updated = len(changed)
     AlertCondition.objects.bulk_update(still_pending, ["last_seen_at"])
     for key, alert in open_alerts.items():
@@ -347,6 +361,18 @@ def _open(finding: Finding, since: datetime, now: datetime, url: str | None) -> 
                           "severity": finding.severity, "value": finding.value,
                           "threshold": finding.threshold})
     return alert
+
+
+def _escalate(alert: Alert, url: str | None) -> None:
+    """Severity has just become critical: the alert is to be seen, and sent, again."""
+    acknowledged_by = alert.acknowledged_by
+    alert.acknowledged_at, alert.acknowledged_by, alert.acknowledge_note = None, "", ""
+    if url:
+        alert.notify_state = NotifyState.PENDING
+    record_audit(ACTOR, "alert.escalated", alert, reason=alert.message,
+                 changes={"rule": alert.rule, "subject": alert.subject, "severity": "critical",
+                          "value": alert.value, "threshold": alert.threshold,
+                          "acknowledgement_cleared": bool(acknowledged_by)})
 
 
 def _resolve(alert: Alert, now: datetime, url: str | None) -> None:

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from controlplane.alerts import services, tasks
 from controlplane.alerts.models import Alert, AlertDelivery, NotifyState
+from controlplane.core.models import AuditLog
 from controlplane.failover.models import RegionHealth
 
 pytestmark = pytest.mark.django_db
@@ -126,3 +127,37 @@ def test_the_evaluate_task_enqueues_deliveries(catalog, receiver, monkeypatch): 
     _region(catalog, "down")
     assert tasks.evaluate.apply().get()["deliveries"] == 1
     assert queued == list(AlertDelivery.objects.values_list("pk", flat=True))
+
+
+def test_an_escalation_to_critical_is_sent_again_and_clears_the_acknowledgement(  # type: ignore[no-untyped-def]
+        catalog, receiver, monkeypatch):
+    monkeypatch.setenv("MERIDIAN_ALERT_WEBHOOK_URL", receiver.url)
+    t0 = timezone.now()
+    _region(catalog, "degraded")
+    [opened] = services.evaluate(now=t0).deliveries
+    tasks.deliver_webhook.apply(args=[opened])
+    alert = Alert.objects.get()
+    assert alert.severity == "warning"
+    services.acknowledge(alert.pk, "ops@example.com", "looking")
+
+    _region(catalog, "down")
+    report = services.evaluate(now=t0 + timedelta(seconds=10))
+    assert report.escalated == [alert.pk] and report.opened == []
+    [escalated] = report.deliveries
+    alert = Alert.objects.get()
+    assert (alert.severity, alert.acknowledged_at, alert.acknowledged_by) == ("critical", None, "")
+    assert alert.notify_state == NotifyState.PENDING
+    tasks.deliver_webhook.apply(args=[escalated])
+    assert [b["event"] for b in receiver.received] == ["opened", "escalated"]
+    assert receiver.received[1]["alert"]["severity"] == "critical"
+    assert receiver.received[1]["alert"]["id"] == alert.pk
+
+    # Still critical: nothing new. Back to warning: updated, not sent.
+    assert services.evaluate(now=t0 + timedelta(seconds=20)).deliveries == []
+    _region(catalog, "degraded")
+    report = services.evaluate(now=t0 + timedelta(seconds=30))
+    assert (report.deliveries, report.escalated) == ([], [])
+    assert Alert.objects.get().severity == "warning"
+    actions = list(AuditLog.objects.filter(object_type="alerts.alert").order_by("pk")
+                   .values_list("action", flat=True))
+    assert actions == ["alert.opened", "alert.acknowledged", "alert.escalated"]
