@@ -89,6 +89,17 @@ def test_pull_endpoint_answers_304_when_unchanged(fleet, make_client):  # type: 
     assert client.get("/api/v1/edges/nowhere/table").status_code == 404
 
 
+def test_tenant_users_may_not_pull_tables(fleet, make_client, tenants):  # type: ignore[no-untyped-def]
+    """A table holds every tenant's hashed keys and rules: tenant users, even admins, are
+    refused, and so is a caller without a token."""
+    services.publish()
+    for role in (Role.VIEWER, Role.ADMIN):
+        answer = make_client(role, tenants["acme"]).get("/api/v1/edges/edge-0/table")
+        assert answer.status_code == 403, answer.content
+        assert "platform staff" in answer.json()["detail"]
+    assert make_client(None).get("/api/v1/edges/edge-0/table").status_code in (401, 403)
+
+
 def test_signing_refuses_a_missing_key(db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     from django.core.exceptions import ImproperlyConfigured
 
