@@ -35,6 +35,8 @@ test: setup
 	bash tools/ensure_chromium.sh
 	$(BIN)/python -m controlplane.lab.prepare_tests
 	$(BIN)/python -m pytest
+	@# The edge once more from its sources: what runs where it could not be compiled.
+	MERIDIAN_EDGE_PURE=1 $(BIN)/python -m pytest tests/edge tests/contract
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not e2e and not browser"
