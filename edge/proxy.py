@@ -54,25 +54,53 @@ FORWARDED_HEADERS = (b"accept", b"traceparent", b"tracestate")
 BYTES_PER_TOKEN = 4
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+USAGE_WINDOW_BYTES = 1024  # a usage object's counts come within its first bytes
 _NOTHING_TRIED: frozenset[str] = frozenset()
 MAX_REMEMBERED_KEYS = 4096
 
 
 def reported_usage(tail: bytes) -> tuple[int, int] | None:
     """(prompt, completion) tokens from the end of an answer: the usage chunk of an SSE
-    stream, or the `usage` object of a JSON answer (vLLM puts it last).
+    stream, or the `usage` object of a JSON answer.
 
-    The last `"usage"` key is found by search rather than by parsing the answer: inside a
-    string it would be escaped (`\\"usage\\"`), and parsing a long completion would cost
-    more than the rest of the response path."""
-    at = tail.rfind(b'"usage"')
-    if at < 0:
-        return None
-    prompt = _PROMPT_TOKENS.search(tail, at)
-    completion = _COMPLETION_TOKENS.search(tail, at)
+    Found by search rather than by parsing the answer, which for a long completion would
+    cost more than the rest of the response path: the last `"usage"` that is a key with an
+    object value (inside a string it would be escaped, and as a value — a token's text in
+    `prompt_logprobs` — it is not followed by a colon), then its counts within that object's
+    first bytes."""
+    end = len(tail)
+    while True:
+        at = tail.rfind(b'"usage"', 0, end)
+        if at < 0:
+            return None
+        key = _USAGE_OBJECT.match(tail, at)
+        if key is not None:
+            break
+        end = at
+    window = key.end() + USAGE_WINDOW_BYTES
+    prompt = _PROMPT_TOKENS.search(tail, key.end(), window)
+    completion = _COMPLETION_TOKENS.search(tail, key.end(), window)
     if prompt is None or completion is None:
         return None
     return int(prompt.group(1)), int(completion.group(1))
+
+
+def parsed_usage(answer: bytes) -> tuple[int, int] | None:
+    """The same from a whole JSON answer by parsing it: the fallback when the search finds
+    nothing, for answers shaped unlike vLLM's."""
+    try:
+        document = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return None
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int) and not isinstance(
+            prompt, bool) and not isinstance(completion, bool):
+        return prompt, completion
+    return None
 
 
 class Exchange(Listener):
@@ -348,7 +376,7 @@ class Exchange(Listener):
                 self.overhead_s = (self.sent_at - self.request.received_at) + (
                     time.perf_counter() - self.head_at)
                 if self.status == 200:
-                    self.usage_from_tail(data)
+                    self.usage_from_answer(data)
                 self.complete()
                 return
             client.start(self.status, headers, data,
@@ -505,6 +533,13 @@ class Exchange(Listener):
         parts.append(b"x-request-id: " + self.request_id + b"\r\nx-meridian-replica: " +
                      self.replica.id.encode() + b"\r\n")
         return b"".join(parts)
+
+    def usage_from_answer(self, answer: bytes) -> None:
+        """Usage from a whole JSON answer received in one read."""
+        usage = reported_usage(answer) or parsed_usage(answer)
+        if usage is not None:
+            self.prompt_tokens, self.completion_tokens = usage
+            self.usage_reported = True
 
     def usage_from_tail(self, tail: bytes) -> None:
         """Usage from the end of an answer (`reported_usage`), or for a stream without a

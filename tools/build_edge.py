@@ -1,21 +1,23 @@
-"""Compile the edge's request path to C with mypyc, in place beside the sources.
+"""Compile the edge's request path to C with mypyc, into `edge/_build/`.
 
-    python tools/build_edge.py            # build (about 30 s on 2 cores)
-    python tools/build_edge.py --clean    # remove the build; the edge then runs from source
+    python tools/build_edge.py            # build (about 35 s on 2 cores)
+    python tools/build_edge.py --clean    # remove the build; the edge runs from source
 
-The modules are those in `edge.native.COMPILED`. The extensions land beside their `.py`
-files, with one shared library (`edge/_native__mypyc…so`) and a stamp (`edge/_native.json`)
-recording the digest of each source compiled. `edge.native` uses the build only while every
-one of those sources is unchanged, so editing the edge without rebuilding is safe.
+The modules are those in `edge.native.COMPILED`. The build is made in a temporary directory
+and swapped in whole (a rename), with a stamp holding the SHA-256 of every source of the
+package, taken before compiling and checked again after, and of every file built;
+`edge.native` uses the build only while all of them still match. A source saved during the
+build fails it rather than leaving old code stamped as new.
 
-A failed build leaves nothing behind (the edge then runs from source) and exits non-zero;
-`make setup` reports it and carries on.
+A failed build leaves a stamp that says so (the edge then runs from source, and `make` does
+not retry until a source changes) and exits non-zero. `--clean` leaves a stamp saying the
+build was removed on purpose, so `make setup` does not put it back; `make edge-native`
+builds again.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
 import json
 import os
 import shutil
@@ -23,30 +25,39 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edge import native  # noqa: E402 - after the path above
 
-SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-
 
 def log(message: str) -> None:
     print(f"[build_edge] {message}", flush=True)
 
 
-def outputs() -> list[Path]:
-    found = [native.STAMP]
-    for path in native.PACKAGE_DIR.iterdir():
-        if path.name.endswith(SUFFIXES):
-            found.append(path)
-    return [p for p in found if p.exists()]
-
-
-def clean() -> None:
-    for path in outputs():
+def remove_legacy() -> None:
+    """Extensions an older layout left beside the sources, where Python would prefer them."""
+    for path in native.PACKAGE_DIR.glob(f"*{native.EXTENSION_SUFFIX}"):
         path.unlink()
+    (native.PACKAGE_DIR / "_native.json").unlink(missing_ok=True)
+
+
+def install(new_dir: Path) -> None:
+    """Swap `new_dir` in as the build directory: an edge starting meanwhile finds the old
+    build, none, or the new one, never a mix, and running edges keep the files they loaded."""
+    old = native.BUILD_DIR.with_name(f"{native.BUILD_DIR.name}.old-{os.getpid()}")
+    if native.BUILD_DIR.exists():
+        native.BUILD_DIR.rename(old)
+    new_dir.rename(native.BUILD_DIR)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_stamp_only(stamp: dict[str, Any]) -> None:
+    new_dir = Path(tempfile.mkdtemp(prefix="_build.new-", dir=native.PACKAGE_DIR))
+    (new_dir / native.STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    install(new_dir)
 
 
 def compiler_version() -> str:
@@ -55,36 +66,48 @@ def compiler_version() -> str:
     return f"mypyc {version('mypy')}"
 
 
-def build(jobs: int) -> None:
+def build(jobs: int) -> str:
     from mypyc.build import mypycify
     from setuptools import setup
 
     sources = [f"edge/{m}.py" for m in native.COMPILED]
-    with tempfile.TemporaryDirectory(prefix="meridian-edge-build-") as tmp:
-        log(f"translating {len(sources)} modules to C (mypyc, type-checks them first)")
-        started = time.monotonic()
-        os.chdir(ROOT)
-        # The edge's own mypy settings, not the project's: those load the Django plugins,
-        # which an edge host does not install (`pip install '.[edge]'`).
-        config = Path(tmp) / "mypy.ini"
-        config.write_text("[mypy]\nignore_missing_imports = True\n")
-        extensions = mypycify(["--config-file", str(config), *sources],
-                              only_compile_paths=sources, opt_level="3",
-                              group_name=native.GROUP, target_dir=str(Path(tmp) / "c"))
-        log(f"  done in {time.monotonic() - started:.1f}s; compiling {len(extensions)} "
-            f"extension(s) with {jobs} job(s)")
-        started = time.monotonic()
-        os.chdir(tmp)  # away from the project's pyproject.toml: this is no package build
-        setup(name="meridian-edge-native", ext_modules=extensions, script_args=[
-            "-q", "build_ext", "--build-temp", "obj", "--build-lib", "lib",
-            "--parallel", str(jobs)])
-        os.chdir(ROOT)
-        built = sorted((Path(tmp) / "lib" / "edge").iterdir())
-        for path in built:
-            shutil.copy2(path, native.PACKAGE_DIR / path.name)
-        log(f"  done in {time.monotonic() - started:.1f}s ({len(built)} files)")
-    stamp = native.stamp_for(native.PACKAGE_DIR, native.COMPILED, compiler_version())
-    native.STAMP.write_text(json.dumps(stamp, indent=1) + "\n")
+    digests = native.source_digests()
+    new_dir = Path(tempfile.mkdtemp(prefix="_build.new-", dir=native.PACKAGE_DIR))
+    try:
+        with tempfile.TemporaryDirectory(prefix="meridian-edge-build-") as tmp:
+            log(f"translating {len(sources)} modules to C (mypyc, type-checks them first)")
+            started = time.monotonic()
+            os.chdir(ROOT)
+            # The edge's own mypy settings, not the project's: those load the Django
+            # plugins, which an edge host does not install (`pip install -e '.[edge]'`).
+            config = Path(tmp) / "mypy.ini"
+            config.write_text("[mypy]\nignore_missing_imports = True\n")
+            extensions = mypycify(["--config-file", str(config), *sources],
+                                  only_compile_paths=sources, opt_level="3",
+                                  group_name=native.GROUP, target_dir=str(Path(tmp) / "c"))
+            log(f"  done in {time.monotonic() - started:.1f}s; compiling {len(extensions)} "
+                f"extension(s) with {jobs} job(s)")
+            started = time.monotonic()
+            os.chdir(tmp)  # away from the project's pyproject.toml: this is no package build
+            setup(name="meridian-edge-native", ext_modules=extensions, script_args=[
+                "-q", "build_ext", "--build-temp", "obj", "--build-lib", "lib",
+                "--parallel", str(jobs)])
+            os.chdir(ROOT)
+            for name in native.binary_names():
+                shutil.copy2(Path(tmp) / "lib" / "edge" / name, new_dir / name)
+            log(f"  done in {time.monotonic() - started:.1f}s")
+        if native.source_digests() != digests:
+            raise RuntimeError("a source changed during the build; build again")
+        stamp = native.stamp_for(digests, new_dir, native.COMPILED, compiler_version())
+        (new_dir / native.STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+        install(new_dir)
+    except BaseException:
+        shutil.rmtree(new_dir, ignore_errors=True)
+        raise
+    result = native.check(environ={})
+    if not result.native:
+        raise RuntimeError(f"the build is not usable: {result.detail}")
+    return result.detail
 
 
 def main() -> int:
@@ -92,23 +115,24 @@ def main() -> int:
     parser.add_argument("--clean", action="store_true", help="remove the build and stop")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    clean()
+    remove_legacy()
     if args.clean:
-        log("removed the compiled edge; it runs from source")
+        write_stamp_only({"disabled": True})
+        log("removed the compiled edge; it runs from source until `make edge-native`")
         return 0
     started = time.monotonic()
     try:
-        build(args.jobs)
+        detail = build(args.jobs)
+    except KeyboardInterrupt:
+        log("interrupted; the previous build, if any, is unchanged")
+        return 130
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure leaves the sources in charge
-        clean()
-        log(f"FAILED ({type(exc).__name__}: {exc}); the edge will run from source")
+        reason = (f"mypyc or the C compiler stopped (exit {exc.code}); see its messages"
+                  if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"[:500])
+        write_stamp_only({"failed": reason})
+        log(f"FAILED ({reason}); the edge runs from source. `make edge-native` tries again.")
         return 1
-    result = native.check(environ={})
-    if not result.native:
-        clean()
-        log(f"FAILED: the build is not usable: {result.detail}")
-        return 1
-    log(f"edge {result.detail} in {time.monotonic() - started:.1f}s")
+    log(f"edge {detail} in {time.monotonic() - started:.1f}s")
     return 0
 
 

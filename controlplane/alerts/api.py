@@ -29,7 +29,8 @@ class AlertSerializer(serializers.ModelSerializer):
         model = Alert
         fields = ["id", "rule", "rule_display", "subject", "tenant", "severity", "state",
                   "message", "value", "threshold", "unit", "firing_since", "opened_at",
-                  "resolved_at", "duration_s", "last_evaluated_at", "acknowledged_at",
+                  "resolved_at", "duration_s", "last_evaluated_at", "escalated_at",
+                  "acknowledged_at",
                   "acknowledged_by", "acknowledge_note", "notify_state"]
         read_only_fields = fields
 

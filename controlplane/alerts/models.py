@@ -61,6 +61,9 @@ class Alert(models.Model):
     opened_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
     last_evaluated_at = models.DateTimeField()
+    escalated_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When a warning became critical; an alert escalates (and re-notifies) once.")
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True)
     acknowledge_note = models.CharField(max_length=500, blank=True)

@@ -280,8 +280,8 @@ def reconcile(findings: list[Finding], evaluated: set[str], now: datetime,
               limits: dict[str, Thresholds], url: str | None = None) -> Report:
     """Open, update and resolve alerts of the evaluated rules to match the findings; with a
     webhook URL, queue a delivery for each opening, escalation to critical and resolution.
-    An escalation also clears the alert's acknowledgement: a warning someone acknowledged
-    is not the critical alert it has become."""
+    An escalation (once per alert) also clears the alert's acknowledgement: a warning someone
+    acknowledged is not the critical alert it has become."""
     report = Report()
     by_key: dict[tuple[str, str], Finding] = {}
     for finding in findings:  # one finding per subject: the most severe wins
@@ -298,13 +298,13 @@ def reconcile(findings: list[Finding], evaluated: set[str], now: datetime,
         alert = open_alerts.get(key)
         if alert is not None:
             escalated = (finding.severity == Severity.CRITICAL
-                         and alert.severity != Severity.CRITICAL)
+                         and alert.severity != Severity.CRITICAL and alert.escalated_at is None)
             alert.severity, alert.message = finding.severity, finding.message
             alert.value, alert.threshold, alert.unit = (finding.value, finding.threshold,
                                                         finding.unit)
             alert.last_evaluated_at = now
             if escalated:
-                _escalate(alert, url)
+                _escalate(alert, now, url)
                 report.escalated.append(alert.pk)
                 if url:
                     report.deliveries.append(
@@ -332,7 +332,7 @@ def reconcile(findings: list[Finding], evaluated: set[str], now: datetime,
         if url:
             report.deliveries.append(_queue_delivery(alert, DeliveryEvent.OPENED, url, now))
     Alert.objects.bulk_update(changed, ["severity", "message", "value", "threshold", "unit",
-                                        "last_evaluated_at", "acknowledged_at",
+                                        "last_evaluated_at", "escalated_at", "acknowledged_at",
                                         "acknowledged_by", "acknowledge_note", "notify_state"])
     report.updated = len(changed)
     AlertCondition.objects.bulk_update(still_pending, ["last_seen_at"])
@@ -363,9 +363,11 @@ def _open(finding: Finding, since: datetime, now: datetime, url: str | None) -> 
     return alert
 
 
-def _escalate(alert: Alert, url: str | None) -> None:
-    """Severity has just become critical: the alert is to be seen, and sent, again."""
+def _escalate(alert: Alert, now: datetime, url: str | None) -> None:
+    """Severity has just become critical for the first time: the alert is to be seen, and
+    sent, again. Later swings between warning and critical only update it."""
     acknowledged_by = alert.acknowledged_by
+    alert.escalated_at = now
     alert.acknowledged_at, alert.acknowledged_by, alert.acknowledge_note = None, "", ""
     if url:
         alert.notify_state = NotifyState.PENDING

@@ -152,12 +152,22 @@ def test_an_escalation_to_critical_is_sent_again_and_clears_the_acknowledgement(
     assert receiver.received[1]["alert"]["severity"] == "critical"
     assert receiver.received[1]["alert"]["id"] == alert.pk
 
-    # Still critical: nothing new. Back to warning: updated, not sent.
+    assert alert.escalated_at == t0 + timedelta(seconds=10)
+
+    # Still critical: nothing new. Back to warning: updated, not sent. Critical again (a
+    # value swinging around the threshold): updated, not sent, acknowledgement kept.
     assert services.evaluate(now=t0 + timedelta(seconds=20)).deliveries == []
     _region(catalog, "degraded")
     report = services.evaluate(now=t0 + timedelta(seconds=30))
     assert (report.deliveries, report.escalated) == ([], [])
     assert Alert.objects.get().severity == "warning"
+    services.acknowledge(alert.pk, "ops@example.com", "on it")
+    _region(catalog, "down")
+    report = services.evaluate(now=t0 + timedelta(seconds=40))
+    assert (report.deliveries, report.escalated) == ([], [])
+    alert = Alert.objects.get()
+    assert alert.severity == "critical" and alert.acknowledged_by == "ops@example.com"
     actions = list(AuditLog.objects.filter(object_type="alerts.alert").order_by("pk")
                    .values_list("action", flat=True))
-    assert actions == ["alert.opened", "alert.acknowledged", "alert.escalated"]
+    assert actions == ["alert.opened", "alert.acknowledged", "alert.escalated",
+                       "alert.acknowledged"]

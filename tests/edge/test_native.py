@@ -16,70 +16,97 @@ SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 MODULES = ("alpha", "beta")
 
 
-def built(tmp_path: Path) -> Path:
-    """A package directory as `tools/build_edge.py` leaves it."""
-    for m in MODULES:
-        (tmp_path / f"{m}.py").write_text(f"NAME = {m!r}\n")
-        (tmp_path / f"{m}{SUFFIX}").write_bytes(b"\x7fELF")
-    stamp = native.stamp_for(tmp_path, MODULES, "mypyc test")
-    (tmp_path / native.STAMP.name).write_text(json.dumps(stamp))
-    return tmp_path
+def built(tmp_path: Path) -> tuple[Path, Path]:
+    """A package directory and its build directory as `tools/build_edge.py` leaves them."""
+    package, build = tmp_path / "edge", tmp_path / "edge" / "_build"
+    build.mkdir(parents=True)
+    for m in (*MODULES, "helper"):
+        (package / f"{m}.py").write_text(f"NAME = {m!r}\n")
+    for name in native.binary_names(MODULES):
+        (build / name).write_bytes(b"\x7fELF " + name.encode())
+    stamp = native.stamp_for(native.source_digests(package), build, MODULES, "mypyc test")
+    (build / native.STAMP_NAME).write_text(json.dumps(stamp))
+    return package, build
+
+
+def check(package: Path, **env: str) -> native.Build:
+    return native.check(package, modules=MODULES, environ=env)
 
 
 def test_a_build_matching_its_sources_is_used(tmp_path: Path) -> None:
-    build = native.check(built(tmp_path), MODULES, environ={})
-    assert build == native.Build(True, "compiled (mypyc test)")
+    package, _ = built(tmp_path)
+    assert check(package) == native.Build(True, "compiled (mypyc test)")
 
 
-def test_a_changed_source_sends_the_edge_back_to_the_sources(tmp_path: Path) -> None:
-    directory = built(tmp_path)
-    (directory / "beta.py").write_text("NAME = 'edited'\n")
-    build = native.check(directory, MODULES, environ={})
-    assert not build.native
-    assert "beta.py" in build.detail and "alpha.py" not in build.detail
+def test_any_changed_added_or_removed_source_sends_the_edge_back_to_the_sources(
+        tmp_path: Path) -> None:
+    package, _ = built(tmp_path)
+    (package / "beta.py").write_text("NAME = 'edited'\n")
+    build = check(package)
+    assert not build.native and "beta.py" in build.detail and "alpha.py" not in build.detail
+    package, _ = built(tmp_path / "2")
+    (package / "helper.py").write_text("# not compiled, but compiled code is checked against it\n")
+    assert "helper.py" in check(package).detail
+    package, _ = built(tmp_path / "3")
+    (package / "new.py").write_text("")
+    assert "new.py" in check(package).detail
+    package, _ = built(tmp_path / "4")
+    (package / "helper.py").unlink()
+    assert "helper.py" in check(package).detail
 
 
-def test_no_stamp_means_not_compiled(tmp_path: Path) -> None:
-    directory = built(tmp_path)
-    (directory / native.STAMP.name).unlink()
-    build = native.check(directory, MODULES, environ={})
-    assert not build.native and "not compiled" in build.detail
+def test_a_missing_or_damaged_compiled_file_is_not_used(tmp_path: Path) -> None:
+    package, build = built(tmp_path)
+    (build / f"_native__mypyc{SUFFIX}").unlink()  # the shared library holding the code
+    assert "missing: _native__mypyc" in check(package).detail
+    package, build = built(tmp_path / "2")
+    (build / f"alpha{SUFFIX}").write_bytes(b"\x7fELF half-written")
+    assert "damaged: alpha" in check(package).detail
 
 
-def test_a_damaged_stamp_means_not_compiled(tmp_path: Path) -> None:
-    directory = built(tmp_path)
-    (directory / native.STAMP.name).write_text("{not json")
-    assert not native.check(directory, MODULES, environ={}).native
+def test_no_stamp_a_damaged_one_a_failed_or_removed_build_mean_sources(tmp_path: Path) -> None:
+    package, build = built(tmp_path)
+    stamp = build / native.STAMP_NAME
+    for text, why in (("{not json", "not compiled"), ("[1, 2]", "damaged"),
+                      ('{"python": "x"}', "compiled for x"),
+                      ('{"failed": "gcc: not found"}', "the build failed: gcc: not found"),
+                      ('{"disabled": true}', "make edge-pure")):
+        stamp.write_text(text)
+        build_state = check(package)
+        assert not build_state.native and why in build_state.detail, (text, build_state)
+    stamp.unlink()
+    assert "not compiled" in check(package).detail
 
 
-def test_a_missing_extension_means_not_compiled(tmp_path: Path) -> None:
-    directory = built(tmp_path)
-    (directory / f"alpha{SUFFIX}").unlink()
-    build = native.check(directory, MODULES, environ={})
-    assert not build.native and "alpha" in build.detail
-
-
-def test_a_build_for_another_interpreter_is_not_used(tmp_path: Path) -> None:
-    directory = built(tmp_path)
-    stamp = json.loads((directory / native.STAMP.name).read_text())
-    stamp["python"] = "cpython-399"
-    (directory / native.STAMP.name).write_text(json.dumps(stamp))
-    build = native.check(directory, MODULES, environ={})
-    assert not build.native and "cpython-399" in build.detail
+def test_a_stamp_for_other_modules_or_another_interpreter_is_not_used(tmp_path: Path) -> None:
+    package, build = built(tmp_path)
+    stamp = json.loads((build / native.STAMP_NAME).read_text())
+    (build / native.STAMP_NAME).write_text(json.dumps({**stamp, "modules": ["alpha"]}))
+    assert "damaged" in check(package).detail
+    (build / native.STAMP_NAME).write_text(json.dumps({**stamp, "python": "cpython-399"}))
+    assert "cpython-399" in check(package).detail
 
 
 def test_the_environment_can_ask_for_the_sources(tmp_path: Path) -> None:
-    directory = built(tmp_path)
-    assert not native.check(directory, MODULES, environ={"MERIDIAN_EDGE_PURE": "1"}).native
-    assert native.check(directory, MODULES, environ={"MERIDIAN_EDGE_PURE": "0"}).native
+    package, _ = built(tmp_path)
+    assert not check(package, MERIDIAN_EDGE_PURE="1").native
+    assert check(package, MERIDIAN_EDGE_PURE="0").native
 
 
-def test_the_source_finder_serves_only_the_listed_modules(tmp_path: Path) -> None:
-    finder = native.SourceFirst(built(tmp_path), MODULES)
+def test_the_native_finder_serves_only_the_build(tmp_path: Path) -> None:
+    _, build = built(tmp_path)
+    finder = native.NativeFirst(build, MODULES)
     spec = finder.find_spec("edge.alpha")
-    assert spec is not None and spec.origin == str(tmp_path / "alpha.py")
-    assert finder.find_spec("edge.gamma") is None
-    assert finder.find_spec("alpha") is None
+    assert spec is not None and spec.origin == str(build / f"alpha{SUFFIX}")
+    assert isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+    group = finder.find_spec("edge._native__mypyc")
+    assert group is not None and group.origin == str(build / f"_native__mypyc{SUFFIX}")
+    assert finder.find_spec("edge.helper") is None and finder.find_spec("alpha") is None
+
+
+def test_nothing_compiled_lies_beside_the_sources() -> None:
+    """Python would load an extension beside a source without asking the stamp."""
+    assert list(native.PACKAGE_DIR.glob(f"*{SUFFIX}")) == []
 
 
 def loaded_from(env: dict[str, str]) -> dict[str, str]:
@@ -97,8 +124,14 @@ def test_the_running_edge_loads_what_its_build_says() -> None:
     """Every module on the request path comes from the build when it is in use, and from
     its source otherwise, including when the environment asks for the sources."""
     files = loaded_from(dict(os.environ))
-    expected = SUFFIX if edge.BUILD.native else ".py"
-    assert all(path.endswith(expected) for path in files.values()), files
+    for path in files.values():
+        if edge.BUILD.native:
+            # (mypyc names the file of a module first imported from within the shared
+            # library as if it sat in a subfolder of the build; it is still the build's.)
+            assert path.startswith(str(native.BUILD_DIR) + os.sep), files
+            assert path.endswith(SUFFIX), files
+        else:
+            assert path.endswith(".py"), files
     pure = loaded_from({**os.environ, "MERIDIAN_EDGE_PURE": "1"})
     assert all(path.endswith(".py") for path in pure.values()), pure
 

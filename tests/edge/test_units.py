@@ -194,3 +194,28 @@ def test_reported_usage_is_not_fooled_by_a_completion_that_talks_about_usage() -
     assert reported_usage(real) == (5, 7)
     assert reported_usage(b'{"choices": []}') is None
     assert reported_usage(b'{"usage": {"prompt_tokens": 5}}') is None
+
+
+def test_reported_usage_skips_usage_as_a_token_text_after_the_usage_object() -> None:
+    """vLLM puts `prompt_logprobs` after `usage`; a prompt token whose text is "usage" is a
+    string value there, and in a completion's `top_logprobs` a token text is a key with a
+    number. Neither is the usage object."""
+    from edge.proxy import reported_usage
+
+    answer = orjson.dumps({
+        "choices": [{"text": " usage", "logprobs": {"top_logprobs": [{"usage": -0.1}]}}],
+        "usage": {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
+        "prompt_logprobs": [None, {"5": {"logprob": -1.5, "rank": 1,
+                                         "decoded_token": "usage"}}]})
+    assert reported_usage(answer) == (3, 2)
+
+
+def test_parsed_usage_is_the_fallback_for_other_shapes() -> None:
+    from edge.proxy import parsed_usage
+
+    assert parsed_usage(b'{"usage": {"completion_tokens": 4, "prompt_tokens": 6}}') == (6, 4)
+    assert parsed_usage(b'{"usage": {"prompt_tokens": true, "completion_tokens": 1}}') is None
+    assert parsed_usage(b'{"usage": null}') is None
+    assert parsed_usage(b"[1, 2]") is None
+    assert parsed_usage(b"not json") is None
