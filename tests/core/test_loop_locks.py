@@ -47,6 +47,9 @@ def other_worker() -> Iterator[Callable[[str], None]]:
         conn.execute("SELECT pg_advisory_lock(%s)", [lock_id(name)])
 
     yield hold
+    # Released before closing: a closed session's locks go only when its server process
+    # exits, which may be after the next test has asked for them.
+    conn.execute("SELECT pg_advisory_unlock_all()")
     conn.close()
 
 
