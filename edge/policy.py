@@ -310,16 +310,21 @@ def pick_max_score(candidates: Sequence[Replica], ctx: ScoringContext, scores: S
     """Highest score; among ties, the less loaded of two drawn at random."""
     best = max(scores)
     tied = [i for i, s in enumerate(scores) if best - s <= TIE_EPSILON]
+    return break_tie(tied, ctx.loads, state), list(scores)
+
+
+def break_tie(tied: list[int], loads: Sequence[float], state: PickerState) -> int:
+    """One of the tied candidates: the less loaded of two distinct ones drawn at random
+    (power of two choices); the only one, without a draw."""
     if len(tied) == 1:
-        return tied[0], list(scores)
-    # Two distinct tied candidates at random (power of two choices).
+        return tied[0]
     rng, n = state.rng, len(tied)
     i = int(rng.random() * n)
     j = int(rng.random() * (n - 1))
     if j >= i:
         j += 1
     a, b = tied[i], tied[j]
-    return (a if ctx.loads[a] <= ctx.loads[b] else b), list(scores)
+    return a if loads[a] <= loads[b] else b
 
 
 @register_picker("round_robin")
@@ -408,15 +413,7 @@ def pick_common(cset: CandidateSet, prefix: Sequence[int], stats: Mapping[str, R
         if score > best:
             best = score
     tied = [i for i in range(n) if best - totals[i] <= TIE_EPSILON]
-    if len(tied) == 1:
-        return replicas[tied[0]]
-    rng, m = state.rng, len(tied)
-    i = int(rng.random() * m)
-    j = int(rng.random() * (m - 1))
-    if j >= i:
-        j += 1
-    a, b = tied[i], tied[j]
-    return replicas[a if loads[a] <= loads[b] else b]
+    return replicas[break_tie(tied, loads, state)]
 
 
 def schedule_set(

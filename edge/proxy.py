@@ -182,12 +182,7 @@ class Exchange(Listener):
             raise errors.unavailable("no_table", "This edge has no routing table yet.")
         request = self.request
         headers = request.headers
-        tenant = None
-        if api._tenant_table is table:
-            tenant = api._tenant_by_auth.get(headers.get(b"authorization", b""))
-        if tenant is None:
-            tenant = api.authenticate(request, table)
-        self.tenant = tenant
+        tenant = self.tenant = api.authenticate(request, table)
         payload = api.parse_completion(request, self)
         route = api.routes.get((id(tenant), self.requested_model,
                                 headers.get(b"x-meridian-tier")))
@@ -534,20 +529,22 @@ class Exchange(Listener):
                      self.replica.id.encode() + b"\r\n")
         return b"".join(parts)
 
+    def record_usage(self, usage: tuple[int, int] | None) -> bool:
+        """Keep the (prompt, completion) tokens the engine reported, when it did."""
+        if usage is None:
+            return False
+        self.prompt_tokens, self.completion_tokens = usage
+        self.usage_reported = True
+        return True
+
     def usage_from_answer(self, answer: bytes) -> None:
         """Usage from a whole JSON answer received in one read."""
-        usage = reported_usage(answer) or parsed_usage(answer)
-        if usage is not None:
-            self.prompt_tokens, self.completion_tokens = usage
-            self.usage_reported = True
+        self.record_usage(reported_usage(answer) or parsed_usage(answer))
 
     def usage_from_tail(self, tail: bytes) -> None:
         """Usage from the end of an answer (`reported_usage`), or for a stream without a
         usage chunk an estimate from its events."""
-        usage = reported_usage(tail)
-        if usage is not None:
-            self.prompt_tokens, self.completion_tokens = usage
-            self.usage_reported = True
+        if self.record_usage(reported_usage(tail)):
             return
         if self.events:
             # No usage chunk (the client did not ask for one): one event per token, less the

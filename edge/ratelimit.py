@@ -50,6 +50,26 @@ def _rebase(level: float, old_limit: int, new_limit: int) -> float:
     return max(-float(new_limit), min(float(new_limit), new_limit - (old_limit - level)))
 
 
+def _token_cost(prompt_tokens: int, tpm: int) -> int:
+    # A prompt larger than a whole minute's allowance could never fit; it takes the bucket
+    # down to empty instead, so it waits for a full bucket rather than forever.
+    return (prompt_tokens if prompt_tokens < tpm else tpm) if tpm else 0
+
+
+def _charge(buckets: TenantBuckets, rpm: int, tpm: int, prompt_tokens: int) -> int:
+    """Take one request and the prompt's tokens when both fit: the tokens taken; else -1,
+    with nothing taken."""
+    if rpm and buckets.requests < 1.0:
+        return -1
+    cost = _token_cost(prompt_tokens, tpm)
+    if tpm and buckets.tokens < cost:
+        return -1
+    if rpm:
+        buckets.requests -= 1.0
+    buckets.tokens -= cost
+    return cost
+
+
 class TenantLimiter:
     def __init__(self) -> None:
         self._tenants: dict[str, TenantBuckets] = {}
@@ -71,23 +91,18 @@ class TenantLimiter:
     def admit(self, tenant: str, rpm: int, tpm: int, prompt_tokens: int, now: float) -> Verdict:
         """Take one request and `prompt_tokens` tokens, or say how long to wait."""
         buckets = self._buckets(tenant, rpm, tpm, now)
+        charged = _charge(buckets, rpm, tpm, prompt_tokens)
+        if charged >= 0:
+            return Verdict(True, charged)
         if rpm and buckets.requests < 1.0:
             wait = (1.0 - buckets.requests) * 60.0 / rpm
             return Verdict(False, 0, "requests", max(1, math.ceil(wait)),
                            f"Rate limit reached for tenant {tenant} on requests per min (RPM): "
                            f"limit {rpm}.")
-        # A prompt larger than a whole minute's allowance could never fit; it takes the
-        # bucket down to empty instead, so it waits for a full bucket rather than forever.
-        cost = (prompt_tokens if prompt_tokens < tpm else tpm) if tpm else 0
-        if tpm and buckets.tokens < cost:
-            wait = (cost - buckets.tokens) * 60.0 / tpm
-            return Verdict(False, 0, "tokens", max(1, math.ceil(wait)),
-                           f"Rate limit reached for tenant {tenant} on tokens per min (TPM): "
-                           f"limit {tpm}, requested {prompt_tokens}.")
-        if rpm:
-            buckets.requests -= 1.0
-        buckets.tokens -= cost
-        return Verdict(True, cost)
+        wait = (_token_cost(prompt_tokens, tpm) - buckets.tokens) * 60.0 / tpm
+        return Verdict(False, 0, "tokens", max(1, math.ceil(wait)),
+                       f"Rate limit reached for tenant {tenant} on tokens per min (TPM): "
+                       f"limit {tpm}, requested {prompt_tokens}.")
 
     def take(self, tenant: str, rpm: int, tpm: int, prompt_tokens: int, now: float) -> int:
         """`admit` for the common case: the tokens charged when the request fits, or -1 when
@@ -96,15 +111,7 @@ class TenantLimiter:
         if buckets is None or buckets.rpm != rpm or buckets.tpm != tpm:
             return -1
         buckets.refill(now)
-        if rpm and buckets.requests < 1.0:
-            return -1
-        cost = (prompt_tokens if prompt_tokens < tpm else tpm) if tpm else 0
-        if tpm and buckets.tokens < cost:
-            return -1
-        if rpm:
-            buckets.requests -= 1.0
-        buckets.tokens -= cost
-        return cost
+        return _charge(buckets, rpm, tpm, prompt_tokens)
 
     def settle(self, tenant: str, charged: int, used: int, now: float) -> None:
         """Correct a request's token charge with the usage the engine reported."""
