@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 import highspy
@@ -936,13 +936,7 @@ def _settle_by_regret(fleet: _Fleet, plans: Mapping[int, _Plan], deadline: float
         return None
     regret = {i: (elsewhere[i].objective - plans[i].objective) if i in elsewhere else math.inf
               for i in affected}
-    left = dict(quota)
-    moving = set(affected)
-    for i, p in plans.items():
-        if i not in moving:
-            for pool, n in _plan_usage(fleet, i, p).items():
-                if pool in left:
-                    left[pool] -= n
+    left = _left_beside(quota, fleet, plans, set(affected))
     # Quota is counted in GPUs, so those that lose most per contested GPU go first.
     density = {i: regret[i] / max(sum(n for pool, n in _plan_usage(fleet, i, plans[i]).items()
                                       if pool in over), 1) for i in affected}
@@ -962,9 +956,7 @@ def _settle_by_regret(fleet: _Fleet, plans: Mapping[int, _Plan], deadline: float
                 return None
             _keep_plans(fitted, fleet.blocks, one, out)
             need = _plan_usage(fleet, i, fitted[i])
-        for pool, n in need.items():
-            if pool in left:
-                left[pool] -= n
+        _deduct(left, need)
     # The order above is a guess. Choose again, for every affected deployment at once,
     # between its plan alone, its plan off the overrun pools and its plan from the fitting:
     # a small 0-1 program whose answer is never worse than the fitting.
@@ -976,12 +968,7 @@ def _settle_by_regret(fleet: _Fleet, plans: Mapping[int, _Plan], deadline: float
         for i, p in known.items():
             if p.counts != plans[i].counts:
                 options.setdefault(i, [plans[i]]).append(p)
-        base = dict(quota)
-        for i, p in plans.items():
-            if i not in options:
-                for pool, n in _plan_usage(fleet, i, p).items():
-                    if pool in base:
-                        base[pool] -= n
+        base = _left_beside(quota, fleet, plans, options.keys())
     chosen, extra = _choose_plans(fleet, options, base, deadline)
     columns += extra
     if chosen is not None:
@@ -1017,6 +1004,23 @@ def _choose_plans(fleet: _Fleet, options: Mapping[int, list[_Plan]], left: Mappi
     if out.x is None:
         return None, n
     return {i: plan for (i, plan), z in zip(which, out.x, strict=True) if z > 0.5}, n
+
+
+def _deduct(left: dict[Pool, int], usage: Mapping[Pool, int]) -> None:
+    """Take a plan's GPUs from those of the limited pools that are left."""
+    for pool, n in usage.items():
+        if pool in left:
+            left[pool] -= n
+
+
+def _left_beside(quota: Mapping[Pool, int], fleet: _Fleet, plans: Mapping[int, _Plan],
+                 moving: Collection[int]) -> dict[Pool, int]:
+    """The quota left once the plans of every deployment not `moving` are placed."""
+    left = dict(quota)
+    for i, plan in plans.items():
+        if i not in moving:
+            _deduct(left, _plan_usage(fleet, i, plan))
+    return left
 
 
 def _plan_usage(fleet: _Fleet, i: int, plan: _Plan) -> dict[Pool, int]:
