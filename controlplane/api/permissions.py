@@ -1,4 +1,5 @@
-"""Role checks: every role reads; writes need the view's role; tenants never touch shared rows."""
+"""Role checks: every role reads; writes need the view's role; tenants never touch shared rows,
+and views marked `platform_only` are for platform staff alone, reads included."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class RolePermission(permissions.BasePermission):
         if principal.role is None:
             if request.user is not None and getattr(request.user, "is_authenticated", False):
                 self.message = "Your account has no role; ask an admin to grant one."
+            return False
+        if getattr(view, "platform_only", False) and not principal.is_platform:
+            self.message = "Only platform staff (users with no tenant) may use this."
             return False
         if request.method in permissions.SAFE_METHODS:
             return True

@@ -12,9 +12,7 @@ from rest_framework.views import APIView
 
 from controlplane.api import serializers
 from controlplane.api.base import MeridianViewSet, TenantScopedViewSet
-from controlplane.api.permissions import RolePermission
 from controlplane.core.models import Role
-from controlplane.core.services import principal_for
 from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
 
 
@@ -56,25 +54,12 @@ class RoutingPolicyViewSet(
                      changes=dict(serializer.validated_data), reason="api")
 
 
-class PlatformReads(RolePermission):
-    """Platform staff only, reads included: a table holds every tenant's keys (hashed) and
-    rules, and every replica's address."""
-
-    message = "Routing tables are for edges and platform staff only."
-
-    def has_permission(self, request: Request, view: object) -> bool:
-        if not super().has_permission(request, view):
-            return False
-        if not principal_for(request.user).is_platform:
-            self.message = PlatformReads.message
-            return False
-        return True
-
-
 class EdgeTableView(APIView):
-    """The newest signed table for an edge; edges poll this with If-None-Match."""
+    """The newest signed table for an edge; edges poll this with If-None-Match. Platform
+    staff only: a table holds every tenant's keys (hashed) and rules, and every replica's
+    address."""
 
-    permission_classes = [PlatformReads]
+    platform_only = True
 
     @extend_schema(responses={200: OpenApiResponse(description="the signed table"),
                               304: OpenApiResponse(description="unchanged"),
