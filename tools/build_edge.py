@@ -54,9 +54,18 @@ def install(new_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def new_build_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="_build.new-", dir=native.PACKAGE_DIR))
+
+
+def write_stamp(directory: Path, stamp: dict[str, Any]) -> None:
+    (directory / native.STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+
+
 def write_stamp_only(stamp: dict[str, Any]) -> None:
-    new_dir = Path(tempfile.mkdtemp(prefix="_build.new-", dir=native.PACKAGE_DIR))
-    (new_dir / native.STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+    """A build of nothing but its stamp: failed, or removed on purpose."""
+    new_dir = new_build_dir()
+    write_stamp(new_dir, stamp)
     install(new_dir)
 
 
@@ -72,7 +81,7 @@ def build(jobs: int) -> str:
 
     sources = [f"edge/{m}.py" for m in native.COMPILED]
     digests = native.source_digests()
-    new_dir = Path(tempfile.mkdtemp(prefix="_build.new-", dir=native.PACKAGE_DIR))
+    new_dir = new_build_dir()
     try:
         with tempfile.TemporaryDirectory(prefix="meridian-edge-build-") as tmp:
             log(f"translating {len(sources)} modules to C (mypyc, type-checks them first)")
@@ -98,8 +107,8 @@ def build(jobs: int) -> str:
             log(f"  done in {time.monotonic() - started:.1f}s")
         if native.source_digests() != digests:
             raise RuntimeError("a source changed during the build; build again")
-        stamp = native.stamp_for(digests, new_dir, native.COMPILED, compiler_version())
-        (new_dir / native.STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
+        write_stamp(new_dir, native.stamp_for(digests, new_dir, native.COMPILED,
+                                             compiler_version()))
         install(new_dir)
     except BaseException:
         shutil.rmtree(new_dir, ignore_errors=True)
