@@ -11,6 +11,7 @@ EDGE_BUILD := edge/_build/stamp.json
 .PHONY: setup up test test-fast lint bench clean edge-native edge-pure
 
 setup: $(STAMP) $(EDGE_BUILD)
+	@sh tools/ensure_prometheus.sh
 
 # Reinstalls only when pyproject.toml changes, so a second `make setup` takes a moment.
 $(STAMP): pyproject.toml
