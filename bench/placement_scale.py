@@ -29,12 +29,12 @@ from controlplane.placement.capacity import (  # noqa: E402
     parallel_layout,
 )
 from controlplane.placement.greedy import place_greedy  # noqa: E402
-from controlplane.placement.solver import (  # noqa: E402
+from controlplane.placement.problem import (  # noqa: E402
     DeploymentRequest,
     OfferOption,
     PlacementProblem,
-    solve,
 )
+from controlplane.placement.search import solve  # noqa: E402
 
 CATALOG = REPO / "regions" / "catalog" / "catalog.json"
 MODELS = REPO / "controlplane" / "deployments" / "catalog" / "models.json"

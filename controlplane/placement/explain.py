@@ -24,18 +24,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from controlplane.placement.capacity import replica_nodes, valid_tensor_parallel
+from controlplane.placement.problem import (
+    DeploymentRequest,
+    OfferOption,
+    PlacementProblem,
+    Pool,
+    network_budget_ms,
+    offer_allowed,
+)
 
 if TYPE_CHECKING:
-    from controlplane.placement.solver import (
-        Candidate,
-        CandidateIndex,
-        DeploymentRequest,
-        OfferOption,
-        PlacementProblem,
-        _Block,
-    )
-
-Pool = tuple[str, str]
+    from controlplane.placement.candidates import Candidate, CandidateIndex
+    from controlplane.placement.milp import Block
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,6 @@ RELAXABLE = (
 )
 
 
-def _solver():  # type: ignore[no-untyped-def]
-    # Imported late: the solver imports this module.
-    from controlplane.placement import solver
-    return solver
-
-
 def _where(d: DeploymentRequest) -> str:
     where = ", ".join(sorted(d.allowed_jurisdictions)) or "no jurisdiction"
     if d.allowed_regions:
@@ -83,15 +77,14 @@ def _names(names: Sequence[str]) -> str:
 def why_not_an_option(d: DeploymentRequest, o: OfferOption | None, spot: bool,
                       index: CandidateIndex) -> str | None:
     """Why replicas on `o` may not stay (None: they may)."""
-    s = _solver()
     if o is None:
         return "the offer is no longer listed (withdrawn, or its region or cloud disabled)"
-    if not s.offer_allowed(d, o):
+    if not offer_allowed(d, o):
         if o.jurisdiction not in d.allowed_jurisdictions:
             return (f"{o.region} is in {o.jurisdiction}, outside the jurisdictions "
                     f"{d.name} allows ({_where(d)})")
         return f"{o.region} is not among the regions {d.name} allows"
-    rtt, budget = index.rtt(d, o), s.network_budget_ms(d)
+    rtt, budget = index.rtt(d, o), network_budget_ms(d)
     if rtt > budget:
         return (f"{o.region} is {rtt:.0f} ms round trip from its users; its TTFT SLO of "
                 f"{d.ttft_slo_ms:.0f} ms leaves {budget:.0f} ms for the network")
@@ -125,11 +118,10 @@ def unfit(d: DeploymentRequest, o: OfferOption) -> str:
 
 def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: CandidateIndex) -> str:
     """Which filter left `d` without a single option."""
-    s = _solver()
-    allowed = [o for o in problem.offers if s.offer_allowed(d, o)]
+    allowed = [o for o in problem.offers if offer_allowed(d, o)]
     if not allowed:
         return f"{d.name}: no offer in {_where(d)}, the only places its data may go"
-    budget = s.network_budget_ms(d)
+    budget = network_budget_ms(d)
     near = [o for o in allowed if index.rtt(d, o) <= budget]
     if not near:
         nearest = min(allowed, key=lambda o: index.rtt(d, o))
@@ -144,7 +136,7 @@ def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: Candidate
             "more places")
 
 
-def precheck(problem: PlacementProblem, blocks: Mapping[int, _Block],
+def precheck(problem: PlacementProblem, blocks: Mapping[int, Block],
              index: CandidateIndex) -> list[str]:
     """What makes a deployment impossible on its own, seen without solving."""
     reasons = []
@@ -184,7 +176,7 @@ def precheck(problem: PlacementProblem, blocks: Mapping[int, _Block],
     return reasons
 
 
-def infeasible(problem: PlacementProblem, blocks: Mapping[int, _Block], ids: Sequence[int],
+def infeasible(problem: PlacementProblem, blocks: Mapping[int, Block], ids: Sequence[int],
                run: Feasibility) -> list[str]:
     """Why the deployments `ids` have no plan together (each was checked statically)."""
     diagnosis = run(ids, frozenset({"quota_elastic"}))
@@ -207,7 +199,7 @@ def infeasible(problem: PlacementProblem, blocks: Mapping[int, _Block], ids: Seq
     return reasons or ["no plan satisfies every deployment's rules together within quota"]
 
 
-def _quota_words(problem: PlacementProblem, blocks: Mapping[int, _Block],
+def _quota_words(problem: PlacementProblem, blocks: Mapping[int, Block],
                  diagnosis: Diagnosis) -> list[str]:
     quota = problem.quota
     jurisdiction = {o.pool: o.jurisdiction for o in problem.offers}

@@ -14,15 +14,9 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from controlplane.placement.solver import (
-    Assignment,
-    Candidate,
-    CandidateIndex,
-    DeploymentRequest,
-    PlacementProblem,
-    PlacementResult,
-    Pool,
-)
+from controlplane.placement.candidates import Candidate, CandidateIndex
+from controlplane.placement.problem import DeploymentRequest, PlacementProblem, Pool
+from controlplane.placement.result import Assignment, PlacementResult
 
 
 def place_greedy(problem: PlacementProblem) -> PlacementResult:

@@ -17,15 +17,14 @@ from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.placement.capacity import GpuSpec, ModelSpec
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
-from controlplane.placement.solver import (
+from controlplane.placement.problem import (
     DeploymentRequest,
     ExistingReplica,
-    ExistingReplicas,
     OfferOption,
     PlacementProblem,
-    PlacementResult,
-    solve,
 )
+from controlplane.placement.result import PlacementResult
+from controlplane.placement.search import solve
 from regions.models import Offer, Quota
 
 
@@ -83,13 +82,13 @@ def quota_left(planned: Iterable[int]) -> dict[tuple[str, str], int]:
     }
 
 
-def existing_replicas(deployments: Iterable[Deployment]) -> tuple[ExistingReplicas, ...]:
+def existing_replicas(deployments: Iterable[Deployment]) -> tuple[ExistingReplica, ...]:
     counts: Counter[tuple[int, int, bool]] = Counter()
     for r in Replica.objects.filter(deployment__in=list(deployments), state__in=LIVE_STATES,
                                     offer__isnull=False):
         assert r.offer_id is not None  # filtered on offer__isnull=False
         counts[(r.deployment_id, r.offer_id, r.spot)] += 1
-    return tuple(ExistingReplicas(d, o, s, n) for (d, o, s), n in counts.items())
+    return tuple(ExistingReplica(d, o, s, n) for (d, o, s), n in counts.items())
 
 
 def build_problem(deployments: list[Deployment]) -> PlacementProblem:

@@ -40,21 +40,17 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.env import env_float
 from controlplane.failover.models import Health, RegionHealth
 from controlplane.placement import plans
+from controlplane.placement.candidates import CandidateIndex
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+from controlplane.placement.problem import ExistingReplica, OfferOption, PlacementProblem
 from controlplane.placement.proposals import (
     deployment_request,
     offer_options,
     quota_left,
     store_plan,
 )
-from controlplane.placement.solver import (
-    CandidateIndex,
-    ExistingReplica,
-    OfferOption,
-    PlacementProblem,
-    PlacementResult,
-    solve,
-)
+from controlplane.placement.result import PlacementResult
+from controlplane.placement.search import solve
 from regions.models import Quota, Region
 
 ACTOR = "system:replan"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from controlplane.placement.capacity import GpuSpec, ModelSpec
-from controlplane.placement.solver import DeploymentRequest, OfferOption
+from controlplane.placement.problem import DeploymentRequest, OfferOption
 
 H100 = GpuSpec("H100", 80, 3350)
 L40S = GpuSpec("L40S", 48, 864)

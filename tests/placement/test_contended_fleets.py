@@ -8,8 +8,11 @@ import random
 import numpy as np
 import pytest
 
-from controlplane.placement import solver
-from controlplane.placement.solver import PlacementProblem, solve
+from controlplane.placement import search
+from controlplane.placement.fleet import Fleet
+from controlplane.placement.milp import Block, build
+from controlplane.placement.problem import PlacementProblem
+from controlplane.placement.search import solve
 from tests.placement.conftest import H100, L4, L40S, make_deployment, make_offer
 from tests.placement.test_solver import assert_obeys_every_rule
 
@@ -43,13 +46,13 @@ def contended_fleet(seed: int, mip_rel_gap: float = 0.005) -> PlacementProblem:
 @pytest.mark.parametrize("seed", [0, 1, 3, 6, 7])
 def test_contended_fleets_fit_and_their_bounds_hold(seed: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     joint_solves = []
-    real = solver._solve_part
+    real = search._solve_part
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         joint_solves.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(solver, "_solve_part", counted)
+    monkeypatch.setattr(search, "_solve_part", counted)
     problem = contended_fleet(seed)
     result = solve(problem)
     assert joint_solves  # quota binds: not settled from the plans alone
@@ -70,15 +73,15 @@ def test_contended_fleets_fit_and_their_bounds_hold(seed: int, monkeypatch) -> N
 def test_a_plan_to_start_from_is_a_feasible_point_of_the_joint_model(seed: int) -> None:
     problem = contended_fleet(seed)
     result = solve(problem)
-    fleet = solver._Fleet.prepare(problem)
+    fleet = Fleet.prepare(problem)
     blocks = []
     for d in problem.deployments:
         b = fleet.blocks[d.id]
         index = {(c.offer.id, c.spot): j for j, c in enumerate(b.cands)}
         start = {index[(a.offer_id, a.spot)]: a.count
                  for a in result.assignments if a.deployment_id == d.id}
-        blocks.append(solver._Block(b.d, b.cands, b.running, start=start))
-    m = solver._build(blocks, problem.quota, problem.move_penalty_usd_h)
+        blocks.append(Block(b.d, b.cands, b.running, start=start))
+    m = build(blocks, problem.quota, problem.move_penalty_usd_h)
     assert m.start is not None
     x = m.start
     assert np.all(x >= m.lower - 1e-9) and np.all(x <= m.upper + 1e-9)

@@ -10,18 +10,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.placement.candidates import candidates_for
 from controlplane.placement.capacity import replica_shape
 from controlplane.placement.geo import great_circle_km, rtt_ms
 from controlplane.placement.greedy import place_greedy
-from controlplane.placement.solver import (
+from controlplane.placement.problem import (
     NETWORK_SHARE_OF_TTFT,
     ExistingReplica,
     PlacementProblem,
-    PlacementResult,
     QuotaLimit,
-    candidates_for,
-    solve,
 )
+from controlplane.placement.result import PlacementResult
+from controlplane.placement.search import solve
 from tests.placement.conftest import (
     FRANKFURT,
     H100,
