@@ -79,7 +79,7 @@ def setup(url: str) -> Any:
 
     from controlplane.deployments.models import Deployment, Model, Replica
     from controlplane.deployments.models import ReplicaState as S
-    from controlplane.failover.models import ScalingDecision
+    from controlplane.scaling.models import ScalingDecision
     from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
     # Celery is the boundary: the replicas a scale-up requests are not launched here.
@@ -127,7 +127,8 @@ class ControlLoops(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from controlplane.telemetry import autoscaler, services
+        from controlplane.scaling import autoscaler
+        from controlplane.telemetry import services
 
         next_collect = time.monotonic()
         next_scale = next_collect + self.phase
@@ -190,7 +191,7 @@ def engine_idle(url: str) -> bool:
 def trial(url: str, deployment: Any, rng: random.Random) -> dict[str, Any]:
     from controlplane.deployments.models import Replica
     from controlplane.deployments.models import ReplicaState as S
-    from controlplane.failover.models import ScalingDecision
+    from controlplane.scaling.models import ScalingDecision
     from controlplane.telemetry.models import ReplicaSample
 
     ScalingDecision.objects.all().delete()

@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "controlplane.routing",
     "controlplane.telemetry",
     "controlplane.failover",
+    "controlplane.scaling",
     "controlplane.costs",
     "controlplane.alerts",
     "controlplane.api",

@@ -12,10 +12,10 @@ from rest_framework.response import Response
 
 from controlplane.api.fields import RegionKeyField
 from controlplane.core.services import principal_for
-from controlplane.deployments import scaling
 from controlplane.deployments.lifecycle import IllegalTransition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.scaling import services as scaling
 
 
 class ScaleRequest(serializers.Serializer):

@@ -6,7 +6,7 @@ import django_filters as filters
 from rest_framework import serializers, viewsets
 
 from controlplane.api.base import TenantScopedViewSet
-from controlplane.failover.models import ScalingDecision
+from controlplane.scaling.models import ScalingDecision
 
 
 class ScalingDecisionSerializer(serializers.ModelSerializer):

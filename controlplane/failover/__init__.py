@@ -1,1 +1,1 @@
-"""Failover: region and replica health, failover and drain, drills, autoscaling decisions."""
+"""Failover: region and replica health, failover and drain, drills."""

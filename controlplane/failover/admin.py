@@ -3,7 +3,7 @@
 from django.contrib import admin
 
 from controlplane.core.admin_audit import AuditedAdmin
-from controlplane.failover.models import Incident, RegionHealth, ScalingDecision
+from controlplane.failover.models import Incident, RegionHealth
 
 
 @admin.register(RegionHealth)
@@ -18,8 +18,3 @@ class IncidentAdmin(AuditedAdmin):
     list_filter = ("kind",)
     date_hierarchy = "started_at"
 
-
-@admin.register(ScalingDecision)
-class ScalingDecisionAdmin(AuditedAdmin):
-    list_display = ("at", "deployment", "direction", "replicas_before", "replicas_after", "reason")
-    list_filter = ("direction",)

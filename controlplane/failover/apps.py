@@ -6,4 +6,4 @@ from django.apps import AppConfig
 class FailoverConfig(AppConfig):
     name = "controlplane.failover"
     label = "failover"
-    verbose_name = "Failover, drills and autoscaling"
+    verbose_name = "Failover and drills"

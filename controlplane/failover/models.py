@@ -1,4 +1,4 @@
-"""Region health, incidents with their timelines, and autoscaling decisions."""
+"""Region health, and incidents with their timelines."""
 
 from __future__ import annotations
 
@@ -71,22 +71,3 @@ class Incident(models.Model):
     def open(self) -> bool:
         return self.resolved_at is None
 
-
-class ScalingDecision(models.Model):
-    """One autoscaler decision for a deployment, with the signals that drove it."""
-
-    deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,
-                                   related_name="scaling_decisions")
-    at = models.DateTimeField(db_index=True)
-    direction = models.CharField(max_length=8)  # up | down
-    replicas_before = models.PositiveIntegerField()
-    replicas_after = models.PositiveIntegerField()
-    reason = models.CharField(max_length=300)
-    signals = models.JSONField(default=dict)
-    placed = models.JSONField(default=list, blank=True, help_text="region keys of new replicas")
-
-    class Meta:
-        ordering = ["-at"]
-
-    def __str__(self) -> str:
-        return f"{self.deployment_id} {self.direction} {self.replicas_before}→{self.replicas_after}"

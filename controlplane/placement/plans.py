@@ -107,7 +107,7 @@ def advance(plan_id: int) -> str:
 
 
 def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
-    from controlplane.deployments.scaling import retire_replica
+    from controlplane.scaling.services import retire_replica
 
     candidates = Replica.objects.filter(
         deployment=change.deployment, region=change.region, state__in=LIVE_STATES,

@@ -12,22 +12,20 @@ import os
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
 from controlplane.costs.services import replica_nodes as launched_nodes
 from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
-from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
-from regions.models import Offer, Region
+from regions.models import Region
 
 log = logging.getLogger(__name__)
 
@@ -153,32 +151,6 @@ def start_operation(kind: str, provider: str, replica: Replica | None) -> Operat
 
 
 # -- requesting and launching -----------------------------------------------------------------
-
-@transaction.atomic
-def request_replicas(
-    deployment: Deployment, region: Region, count: int, *, actor: str, reason: str,
-    spot: bool = False, offer: Offer | None = None,
-) -> list[Replica]:
-    """Create `count` pending replicas; their launch is enqueued once this commits."""
-    from controlplane.provisioning.tasks import provision_replica
-
-    if offer is None:
-        offer = (
-            Offer.objects.filter(region=region, gpus_per_node__gte=deployment.tensor_parallel)
-            .select_related("gpu_type").order_by("on_demand_usd_h").first()
-        )
-    made = []
-    for _ in range(count):
-        replica = Replica.objects.create(
-            deployment=deployment, region=region, offer=offer,
-            provider=provider_name_for(region), spot=spot,
-        )
-        record_audit(actor, "replica.requested", replica, reason=reason,
-                     changes={"region": region.key, "offer": str(offer) if offer else None})
-        transaction.on_commit(partial(provision_replica.delay, replica.pk))
-        made.append(replica)
-    return made
-
 
 def launch(replica_id: int) -> Replica | None:
     """pending → provisioning: ask the provider for the replica (non-blocking)."""

@@ -1,12 +1,19 @@
-"""Provider jobs as Celery tasks on the `provision` queue; each is safe to run twice."""
+"""Provider jobs as Celery tasks on the `provision` queue, each safe to run twice, and
+`request_replicas`, which starts them: the services do the work and never enqueue it."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from celery import shared_task
+from django.db import transaction
 
 from controlplane.core.locks import advisory_lock
+from controlplane.core.services import record_audit
+from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services
+from regions.models import Offer, Region
 
 CHECK_EVERY_S = 1.0
 DRAIN_POLL_S = 1.0
@@ -55,3 +62,27 @@ def reap_cloud_clusters() -> dict[str, list[str]]:
         if not acquired:
             return {"adopted": [], "reaped": [], "skipped": ["another worker is reaping"]}
         return services.reap_cloud_clusters()
+
+
+@transaction.atomic
+def request_replicas(
+    deployment: Deployment, region: Region, count: int, *, actor: str, reason: str,
+    spot: bool = False, offer: Offer | None = None,
+) -> list[Replica]:
+    """Create `count` pending replicas; their launch is enqueued once this commits."""
+    if offer is None:
+        offer = (
+            Offer.objects.filter(region=region, gpus_per_node__gte=deployment.tensor_parallel)
+            .select_related("gpu_type").order_by("on_demand_usd_h").first()
+        )
+    made = []
+    for _ in range(count):
+        replica = Replica.objects.create(
+            deployment=deployment, region=region, offer=offer,
+            provider=services.provider_name_for(region), spot=spot,
+        )
+        record_audit(actor, "replica.requested", replica, reason=reason,
+                     changes={"region": region.key, "offer": str(offer) if offer else None})
+        transaction.on_commit(partial(provision_replica.delay, replica.pk))
+        made.append(replica)
+    return made

@@ -20,15 +20,3 @@ def collect() -> dict[str, int]:
         services.write_prometheus_targets()
     return {"up": up, "edges": len(edges)}
 
-
-@shared_task(name="telemetry.autoscale")
-def autoscale() -> dict[str, int]:
-    """Every 2 s: each autoscaled deployment's replica count, decided and acted on."""
-    from controlplane.telemetry import autoscaler
-
-    with advisory_lock("telemetry.autoscale") as acquired:
-        if not acquired:
-            return {"skipped": 1}
-        outcomes = autoscaler.run()
-    return {"deployments": len(outcomes),
-            "decisions": sum(1 for o in outcomes if o.recorded is not None)}

@@ -18,7 +18,7 @@ from controlplane.costs.services import usd_h_for
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES, IllegalTransition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.deployments.scaling import (
+from controlplane.scaling.services import (
     DRAIN_DEADLINE_S,
     ScaleRefused,
     drain_replica,

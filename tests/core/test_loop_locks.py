@@ -4,11 +4,11 @@ another worker (a second connection here), the loop returns at once and changes 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from importlib import import_module
 from typing import Any
 
 import psycopg
 import pytest
+from celery import current_app
 from django.db import connection
 
 from controlplane.core.locks import lock_id
@@ -56,9 +56,8 @@ def other_worker() -> Iterator[Callable[[str], None]]:
 @pytest.mark.parametrize("task", sorted(LOCKED))
 def test_a_loop_stands_aside_while_another_worker_holds_its_lock(task, other_worker):  # type: ignore[no-untyped-def]
     lock, stood_aside = LOCKED[task]
-    app, _, name = task.partition(".")
-    module = import_module(f"controlplane.{app}.tasks")
-    function = getattr(module, name)
+    current_app.loader.import_default_modules()  # every app's tasks module, as a worker does
+    function = current_app.tasks[task]
     other_worker(lock)
     before = AuditLog.objects.count()
     result = function()

@@ -1,4 +1,4 @@
-"""The shared scaling service (controlplane/deployments/scaling.py) the dashboard calls."""
+"""The shared scaling service (controlplane/scaling/services.py) the dashboard calls."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from controlplane.core.models import AuditLog
 from controlplane.deployments.lifecycle import IllegalTransition
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.deployments.scaling import (
+from controlplane.scaling.services import (
     ScaleRefused,
     drain_replica,
     scale_in_region,

@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.deployments.scaling import DRAIN_DEADLINE_S, DRAIN_GRACE_S, drain_replica
 from controlplane.provisioning import services
+from controlplane.scaling.services import DRAIN_DEADLINE_S, DRAIN_GRACE_S, drain_replica
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.core.models import Role
 from controlplane.deployments.models import Deployment
-from controlplane.failover.models import ScalingDecision
+from controlplane.scaling.models import ScalingDecision
 
 pytestmark = pytest.mark.django_db
 

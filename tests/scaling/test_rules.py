@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.telemetry.autoscaler import SampleRow, rounds_from_samples
-from controlplane.telemetry.autoscaling import (
+from controlplane.scaling.autoscaler import SampleRow, rounds_from_samples
+from controlplane.scaling.rules import (
     DOWN,
     UP,
     Fleet,

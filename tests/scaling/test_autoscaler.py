@@ -12,8 +12,8 @@ from django.utils import timezone
 from controlplane.core.models import AuditLog, Tier
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.failover.models import ScalingDecision
-from controlplane.telemetry import autoscaler
+from controlplane.scaling import autoscaler
+from controlplane.scaling.models import ScalingDecision
 from controlplane.telemetry.models import EdgeSample, ReplicaSample
 from regions.models import Offer, Quota
 
@@ -239,7 +239,7 @@ def test_batch_scales_to_zero_and_back_on_edge_demand(catalog, sent_tasks):  # t
 
 def test_the_task_runs_the_loop_under_its_lock(catalog):  # type: ignore[no-untyped-def]
     from controlplane.core.locks import advisory_lock
-    from controlplane.telemetry.tasks import autoscale
+    from controlplane.scaling.tasks import autoscale
 
     d = make_deployment(catalog)
     replicas = ready_replicas(d, catalog["fra"], 2, catalog["h100"])

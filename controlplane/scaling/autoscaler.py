@@ -1,5 +1,5 @@
 """The autoscaler loop: for every deployment with autoscale on, read the engine samples the
-telemetry loop stored for its serving replicas, decide (telemetry.autoscaling), record the
+telemetry loop stored for its serving replicas, decide (scaling.rules), record the
 decision with the signal values that drove it, and act.
 
 State: none of its own. Breach timers are read back from the stored samples (a breach has
@@ -10,7 +10,7 @@ Acting: a scale-up asks the placement solver where the new replicas go (the depl
 solved alone with its count raised and its running replicas kept), then requests them
 through provisioning; when the solver finds no plan, the new replicas go next to the running
 ones (always inside the allowed jurisdictions and quota) or nowhere, and the decision says
-so. A scale-down drains the idlest, most expensive replicas (deployments.scaling.
+so. A scale-down drains the idlest, most expensive replicas (scaling.services.
 retire_replica), keeping the deployment spread over its regions.
 """
 
@@ -29,13 +29,20 @@ from django.db.models import Count, Max
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
+from controlplane.costs.services import usd_h_for
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.failover.models import ScalingDecision
-from controlplane.telemetry import autoscaling as policy
-from controlplane.telemetry.autoscaling import DOWN, UP, Decision, Fleet, History, Round, Settings
+from controlplane.placement.models import PlanChange
+from controlplane.placement.proposals import place_additions, quota_left
+from controlplane.provisioning.tasks import request_replicas
+from controlplane.scaling import rules as policy
+from controlplane.scaling.models import ScalingDecision
+from controlplane.scaling.rules import DOWN, UP, Decision, Fleet, History, Round, Settings
+from controlplane.scaling.services import retire_replica
+from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
+from controlplane.telemetry.models import EdgeSample, ReplicaSample
 from regions.models import Offer
 
 log = logging.getLogger(__name__)
@@ -123,8 +130,6 @@ def _fleets(ids: list[int]) -> dict[int, Fleet]:
 def _histories(ids: list[int]) -> dict[int, History]:
     """When each deployment last scaled up and down. An applied placement plan that changed
     it counts as a scale-up: its replicas are not undone before the scale-down cooldown."""
-    from controlplane.placement.models import PlanChange
-
     last: dict[int, dict[str, float]] = defaultdict(dict)
     rows = (ScalingDecision.objects.filter(deployment_id__in=ids)
             .values("deployment_id", "direction").order_by().annotate(at=Max("at")))
@@ -141,8 +146,6 @@ def _histories(ids: list[int]) -> dict[int, History]:
 
 def _sample_rows(replica_ids: list[int], since: datetime, until: datetime | None,
                  with_ttft: bool) -> list[SampleRow]:
-    from controlplane.telemetry.models import ReplicaSample
-
     rows = ReplicaSample.objects.filter(replica_id__in=replica_ids, at__gte=since)
     if until is not None:
         rows = rows.filter(at__lt=until)
@@ -157,9 +160,6 @@ def unserved_requests(deployments: Sequence[Deployment], now: datetime,
                       window_s: float) -> dict[int, float]:
     """Requests for each deployment's model that edges could not route in the last
     `window_s` (no replica in their tables): the demand of a deployment scaled to zero."""
-    from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
-    from controlplane.telemetry.models import EdgeSample
-
     if not deployments:
         return {}
     series: dict[int, list[tuple[datetime, dict[str, float]]]] = defaultdict(list)
@@ -281,8 +281,6 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
         else:
             retired = choose_retirements(active, decision.before - decision.after,
                                          snap.load, deployment.spread_regions, decision.after)
-            from controlplane.deployments.scaling import retire_replica
-
             for replica in retired:
                 retire_replica(replica, actor=ACTOR, reason=f"autoscaler: {reason}")
             signals["retired"] = [r.public_id for r in retired]
@@ -307,8 +305,6 @@ class Placement:
     how: str
 
     def request(self, deployment: Deployment, reason: str) -> list[tuple[str, list[Replica]]]:
-        from controlplane.provisioning.services import request_replicas
-
         made = []
         for region, offer, spot, count in self.slots:
             replicas = request_replicas(deployment, region, count, actor=ACTOR,
@@ -320,8 +316,6 @@ class Placement:
 def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int) -> Placement:
     """Where `add` new replicas go: the solver's cheapest plan that keeps every running
     replica; else beside the running ones; never outside the allowed jurisdictions."""
-    from controlplane.placement.proposals import place_additions, quota_left
-
     # New replicas are on the GPU type already running (or, from zero, last run): the
     # in-flight target is per replica, so the fleet stays uniform. Every replica runs the
     # deployment's one engine (TP × PP) whatever the node size, and the solver offers only
@@ -388,8 +382,6 @@ def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,
 
 def _usd_h(replica: Replica) -> Decimal:
     """What the replica costs per hour, as billed (costs.usd_h_for)."""
-    from controlplane.costs.services import usd_h_for
-
     d = replica.deployment
     return usd_h_for(replica.offer, replica.spot, d.tensor_parallel, d.pipeline_parallel)
 

@@ -14,6 +14,8 @@ from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.provisioning import services as provisioning
+from controlplane.provisioning.tasks import finish_drain, request_replicas, terminate_replica
 from regions.models import Region
 
 # How long a draining replica keeps finishing its in-flight requests before it is terminated,
@@ -91,8 +93,6 @@ def scale_in_region(
         reason = reason or f"scaled by {actor}"
         added: list[str] = []
         if to_add:
-            from controlplane.provisioning.services import request_replicas
-
             made = request_replicas(deployment, region, to_add, actor=actor, reason=reason,
                                     spot=spot)
             added = [r.public_id for r in made]
@@ -104,8 +104,6 @@ def scale_in_region(
 
 def retire_replica(replica: Replica, *, actor: str, reason: str) -> None:
     """Take a replica out: drain it if it serves, then terminate it after the deadline."""
-    from controlplane.provisioning import services as provisioning
-
     with transaction.atomic():
         if replica.state in SERVING_STATES:
             provisioning.drain(replica.pk, actor=actor, reason=reason)
@@ -121,8 +119,6 @@ def drain_replica(replica: Replica, *, actor: str, reason: str = "") -> Replica:
 
     Raises lifecycle.IllegalTransition when the replica is not serving (or moved meanwhile).
     """
-    from controlplane.provisioning import services as provisioning
-
     reason = reason or f"drained by {actor}"
     with transaction.atomic():
         drained = provisioning.drain(replica.pk, actor=actor, reason=reason)
@@ -133,7 +129,5 @@ def drain_replica(replica: Replica, *, actor: str, reason: str = "") -> Replica:
 def _terminate_later(replica_id: int, reason: str) -> None:
     """Terminate once nothing is in flight (checked from DRAIN_GRACE_S on, when every edge
     has had the table without it), and at DRAIN_DEADLINE_S whatever is still running."""
-    from controlplane.provisioning.tasks import finish_drain, terminate_replica
-
     finish_drain.apply_async((replica_id, reason, DRAIN_DEADLINE_S), countdown=DRAIN_GRACE_S)
     terminate_replica.apply_async((replica_id, reason), countdown=DRAIN_DEADLINE_S)
