@@ -40,6 +40,12 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover.health import RegionCounts, region_state, replica_verdict
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
 from controlplane.failover.probes import probe_all
+from controlplane.placement import proposals
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.services import get_provider, handle_of, terminate_failed
+from controlplane.provisioning.tasks import request_replicas
+from controlplane.routing import services as routing
+from controlplane.telemetry.models import ReplicaSample
 from regions.models import Region
 
 log = logging.getLogger(__name__)
@@ -127,8 +133,6 @@ def failed_elsewhere() -> list[Replica]:
 def push_tables_now(reason: str) -> int | None:
     """Compile and push at once; the version when every edge took it, else None (the drift
     check and the incident's progress pick it up)."""
-    from controlplane.routing import services as routing
-
     try:
         result = routing.publish(reason=reason)
     except Exception:  # a broken edge must not stop failover
@@ -204,9 +208,6 @@ def replace_failed() -> list[str]:
 
 def replace_for(deployment_id: int) -> list[str]:
     """Place replacements for a deployment's failed replicas, then release the failed ones."""
-    from controlplane.placement import proposals
-    from controlplane.provisioning.services import request_replicas, terminate_failed
-
     with transaction.atomic():
         deployment = (Deployment.objects.select_for_update().select_related("model")
                       .prefetch_related("allowed_jurisdictions", "user_regions")
@@ -331,9 +332,6 @@ def _mark_region_down(region_id: int, now: datetime) -> None:
 
 def progress_incidents(now: datetime | None = None) -> list[int]:
     """Fill in timeline stamps that became true; returns ids of incidents resolved now."""
-    from controlplane.routing.services import edges_behind
-    from controlplane.telemetry.models import ReplicaSample
-
     now = now or timezone.now()
     resolved: list[int] = []
     open_incidents = list(Incident.objects.filter(resolved_at__isnull=True, detected_at__isnull=False))
@@ -343,7 +341,7 @@ def progress_incidents(now: datetime | None = None) -> list[int]:
     for incident in open_incidents:
         changed = False
         if incident.tables_pushed_at is None:
-            behind = edges_behind() if behind is None else behind
+            behind = routing.edges_behind() if behind is None else behind
             if not behind:
                 incident.tables_pushed_at, changed = now, True
         ids = [int(name.removeprefix("r-")) for name in incident.replacements]
@@ -440,8 +438,6 @@ def drill_victims(region: Region) -> list[Replica]:
 def start_drill(region: Region, *, actor: str) -> Incident:
     """Kill every local replica of `region` (SIGKILL, no drain) and open a drill incident;
     the watch loop then handles it as it would a real region loss."""
-    from controlplane.provisioning.services import get_provider, handle_of
-
     victims = drill_victims(region)
     now = timezone.now()
     names = [r.public_id for r in victims]
@@ -451,8 +447,6 @@ def start_drill(region: Region, *, actor: str) -> Incident:
                 f"in {region.key}")
     record_audit(actor, "failover.drill", incident, reason=incident.summary,
                  changes={"replicas": names})
-    from controlplane.provisioning.local import LocalProvider
-
     provider = get_provider("local")
     for replica in victims:
         handle = handle_of(replica)

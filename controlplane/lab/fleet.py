@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.db import transaction
+from django.db import close_old_connections, transaction
 
 from controlplane.core.models import Tenant
 from controlplane.deployments.lifecycle import LIVE_STATES
-from controlplane.deployments.models import Deployment, Model
+from controlplane.deployments.models import Deployment, Model, Replica
 from controlplane.lab.regions import LAB_REGIONS, ensure_lab_regions
+from controlplane.provisioning import services
+from controlplane.provisioning.tasks import request_replicas
 from controlplane.routing.models import Edge
 from regions.models import Jurisdiction, Region
 
@@ -51,8 +53,6 @@ def lab_edges(base_port: int) -> list[LabEdge]:
 @transaction.atomic
 def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str) -> Deployment:
     """Regions, the demo deployment (shared), its replicas, and the edge registry rows."""
-    from controlplane.provisioning.services import request_replicas
-
     regions = ensure_lab_regions()
     deployment, created = Deployment.objects.get_or_create(
         name=DEMO_DEPLOYMENT,
@@ -102,11 +102,6 @@ def edge_argv(python: str, edge: LabEdge, var_dir: Path, public_key: Path,
 
 def stop_local_replicas() -> list[str]:
     """Terminate every live replica in a local region (their processes outlive the worker)."""
-    from django.db import close_old_connections
-
-    from controlplane.deployments.models import Replica
-    from controlplane.provisioning import services
-
     close_old_connections()
     stopped = []
     for replica in Replica.objects.filter(region__cloud__name="local", state__in=LIVE_STATES):

@@ -50,7 +50,7 @@ def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
 @transaction.atomic
 def start_apply(plan_id: int, actor: str) -> Plan:
     """approved → applying: request every added replica now; removals wait for them."""
-    from controlplane.provisioning.services import request_replicas
+    from controlplane.provisioning.tasks import request_replicas
 
     plan = _move(plan_id, (PlanStatus.APPROVED,), PlanStatus.APPLYING)
     record_audit(actor, "plan.apply", plan, reason="make-before-break: adds first")
