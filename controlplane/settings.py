@@ -13,7 +13,14 @@ from typing import TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.env import database_from_url, env_bool, env_int, env_list, env_str
+from controlplane.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_str,
+)
 from controlplane.lab import backing
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -49,6 +56,7 @@ INSTALLED_APPS = [
     "controlplane.telemetry",
     "controlplane.failover",
     "controlplane.scaling",
+    "controlplane.plans",
     "controlplane.costs",
     "controlplane.alerts",
     "controlplane.api",
@@ -159,6 +167,7 @@ class MeridianSettings(TypedDict):
     BEAT_STALE_AFTER: timedelta
     CATALOG_STALE_AFTER: timedelta
     PLACEMENT_CLOUDS: list[str]
+    DEFAULT_ENGINE: str
 
 
 MERIDIAN: MeridianSettings = {
@@ -168,6 +177,9 @@ MERIDIAN: MeridianSettings = {
     # Clouds the solver may place new replicas on (empty: every enabled cloud). The lab
     # sets "local": it can launch nothing else.
     "PLACEMENT_CLOUDS": env_list("MERIDIAN_PLACEMENT_CLOUDS", []),
+    # The engine a new deployment runs unless it names one: a real vLLM, or enginesim (the
+    # simulator; local regions only). The lab sets enginesim unless started with ENGINE=vllm.
+    "DEFAULT_ENGINE": env_choice("MERIDIAN_DEFAULT_ENGINE", "vllm", ("vllm", "enginesim")),
 }
 
 LOGGING = {

@@ -16,8 +16,8 @@ from controlplane.api.fields import RegionKeyField
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment
-from controlplane.placement import plans
 from controlplane.placement.models import Plan, PlanChange
+from controlplane.plans import apply as plans
 from regions.models import Offer
 
 

@@ -1,7 +1,7 @@
 """Plans: the solver's proposed replica changes with reasons and cost; review and apply them.
 
 As in the API (controlplane/api/plan_views.py), every role reads plans and platform
-operators propose, approve, apply and reject; the steps are controlplane.placement.plans.
+operators propose, approve, apply and reject; the steps are controlplane.plans.apply.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 
 from controlplane.core.models import Role
-from controlplane.placement import plans
 from controlplane.placement.models import Plan, PlanChange, PlanStatus
+from controlplane.plans import apply as plans
 from frontend.access import dashboard_view, forbidden, principal_of
 from frontend.forms import ReasonForm
 from frontend.views.common import paginate, query_without_page, render_page

@@ -10,7 +10,7 @@ import yaml
 
 from controlplane.costs.services import usd_h_for
 from controlplane.deployments.models import Replica
-from controlplane.placement import plans
+from controlplane.plans import apply as plans
 from controlplane.placement.capacity import GpuSpec, replica_shape
 from controlplane.placement.models import ChangeAction, PlanStatus
 from controlplane.placement.proposals import model_spec, propose_plan

@@ -7,8 +7,8 @@ import pytest
 from controlplane.core.models import Role
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.placement import plans
 from controlplane.placement.models import Plan, PlanStatus
+from controlplane.plans import apply as plans
 from tests.api.test_endpoints_crud import make_deployment
 
 pytestmark = pytest.mark.django_db

@@ -1,5 +1,10 @@
 """A plan's life after the solver: approve, reject, apply make-before-break, finish.
 
+The solver (placement) proposes; applying acts across provisioning and scaling, so it lives
+here, above them. `advance_plan` is the Celery task that drives an applying plan; it sits
+beside what it drives so that `start_apply` can start it without a cycle (the periodic
+replan, in tasks.py, applies plans through this module).
+
 Applying adds the new replicas first; removals are drained only once every added replica
 is ready, so capacity never dips below what the deployment had. Status changes are
 conditional updates, so two operators clicking at once act once.
@@ -7,6 +12,7 @@ conditional updates, so two operators clicking at once act once.
 
 from __future__ import annotations
 
+from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
@@ -15,6 +21,10 @@ from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+from controlplane.provisioning.tasks import request_replicas
+from controlplane.scaling.services import retire_replica
+
+ADVANCE_EVERY_S = 1.0
 
 
 class PlanStateError(Exception):
@@ -50,8 +60,6 @@ def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
 @transaction.atomic
 def start_apply(plan_id: int, actor: str) -> Plan:
     """approved → applying: request every added replica now; removals wait for them."""
-    from controlplane.provisioning.tasks import request_replicas
-
     plan = _move(plan_id, (PlanStatus.APPROVED,), PlanStatus.APPLYING)
     record_audit(actor, "plan.apply", plan, reason="make-before-break: adds first")
     adds = plan.changes.filter(action=ChangeAction.ADD).select_related(
@@ -69,8 +77,6 @@ def start_apply(plan_id: int, actor: str) -> Plan:
 
 
 def _schedule_advance(plan_id: int, countdown: float = 1.0) -> None:
-    from controlplane.placement.tasks import advance_plan
-
     advance_plan.apply_async((plan_id,), countdown=countdown)
 
 
@@ -107,8 +113,6 @@ def advance(plan_id: int) -> str:
 
 
 def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
-    from controlplane.scaling.services import retire_replica
-
     candidates = Replica.objects.filter(
         deployment=change.deployment, region=change.region, state__in=LIVE_STATES,
         spot=change.spot,
@@ -122,3 +126,13 @@ def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
     for replica in chosen:
         retire_replica(replica, actor="system:placement", reason=reason)
     return [r.pk for r in chosen]
+
+
+@shared_task(name="placement.advance_plan")
+def advance_plan(plan_id: int) -> str:
+    """Advance an applying plan every ADVANCE_EVERY_S until it is applied or failed. The task
+    keeps the name it had under placement: messages already queued still find it."""
+    status = advance(plan_id)
+    if status == PlanStatus.APPLYING:
+        advance_plan.apply_async((plan_id,), countdown=ADVANCE_EVERY_S)
+    return status

@@ -33,14 +33,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
-from controlplane.costs.services import replica_nodes as replica_nodes_launched
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.env import env_float
 from controlplane.failover.models import Health, RegionHealth
-from controlplane.placement import plans
 from controlplane.placement.candidates import CandidateIndex
+from controlplane.placement.capacity import replica_nodes
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
 from controlplane.placement.problem import ExistingReplica, OfferOption, PlacementProblem
 from controlplane.placement.proposals import (
@@ -51,6 +50,7 @@ from controlplane.placement.proposals import (
 )
 from controlplane.placement.result import PlacementResult
 from controlplane.placement.search import solve
+from controlplane.plans import apply as plans
 from regions.models import Quota, Region
 
 ACTOR = "system:replan"
@@ -170,7 +170,9 @@ def find_broken_rules(deployments: list[Deployment], options: tuple[OfferOption,
 
 class _Shapes:
     """Nodes per replica, as provisioning launched it: the deployment's tp × pp ranks on
-    its offer's nodes (see `capacity.replica_nodes`)."""
+    its offer's nodes (`capacity.replica_nodes`). A layout the nodes cannot hold (settings
+    changed since the launch) has no count of its own; it counts one node, like a replica
+    that cannot be sized at all."""
 
     def __init__(self, deployments: list[Deployment], options: tuple[OfferOption, ...]) -> None:
         self.options = {o.id: o for o in options}
@@ -183,8 +185,9 @@ class _Shapes:
         if o is None or d is None:
             return 1
         shape = self.index.shape(d, o)
-        return shape.nodes if shape else replica_nodes_launched(
-            d.tensor_parallel, d.pipeline_parallel, o.gpus_per_node)
+        if shape is not None:
+            return shape.nodes
+        return replica_nodes(d.tensor_parallel, d.pipeline_parallel, o.gpus_per_node) or 1
 
 
 def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:

@@ -16,10 +16,11 @@ from controlplane.core.models import AuditLog
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover.models import Health, RegionHealth
-from controlplane.placement import plans, tasks
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
 from controlplane.placement.proposals import offer_options
-from controlplane.placement.replan import Thresholds, find_broken_rules, replan
+from controlplane.plans import apply as plans
+from controlplane.plans import tasks
+from controlplane.plans.replan import Thresholds, find_broken_rules, replan
 from regions.models import Offer, Quota
 from tests.api.test_endpoints_crud import make_deployment
 
