@@ -1,8 +1,9 @@
 """Who may see and do what on the dashboard: the REST API's roles and tenancy, for views.
 
-The rules are the API's (controlplane/api/base.py and permissions.py): every role reads,
-writes need the view's role, tenant users see their own tenant's rows (plus shared ones
-where the API shows them) and never change shared rows. Another tenant's row is a 404.
+The rules are the API's (controlplane/api/permissions.py): every role reads, writes need the
+view's role, and tenant users never change shared rows. Which rows anyone sees is the one
+tenancy rule, `Model.objects.visible_to(principal)` (controlplane/core/tenancy.py): another
+tenant's row is a 404.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
-from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 
@@ -66,19 +66,6 @@ def dashboard_view(
         return wrapped
 
     return decorate
-
-
-def scoped(
-    queryset: QuerySet[Any], principal: Principal, tenant_field: str | None,
-    shared_visible: bool = False,
-) -> QuerySet[Any]:
-    """Rows the principal may read: all for platform staff, else its tenant's (and shared)."""
-    if tenant_field is None or principal.is_platform:
-        return queryset
-    scope = Q(**{tenant_field: principal.tenant_id})
-    if shared_visible:
-        scope |= Q(**{f"{tenant_field}__isnull": True})
-    return queryset.filter(scope)
 
 
 def change_refusal(principal: Principal, owner_tenant_id: int | None) -> str | None:

@@ -22,7 +22,6 @@ from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.routing.models import Edge, RoutingTable
-from frontend.access import scoped
 from regions.models import Region
 
 # Order in which states are listed everywhere: the way a replica moves through them.
@@ -60,7 +59,7 @@ def region_health(counts: Mapping[str, int]) -> str:
 
 
 def visible_replicas(principal: Principal) -> Any:
-    return scoped(Replica.objects.all(), principal, "deployment__tenant", shared_visible=True)
+    return Replica.objects.visible_to(principal)
 
 
 @dataclass

@@ -22,7 +22,6 @@ from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.models import ReplicaSample
 from controlplane.telemetry.services import newest_edge_requests
-from frontend.access import scoped
 
 FIELDS = ("replica_id", "at", "up", "running", "waiting", "kv_usage", "counters", "buckets")
 
@@ -148,9 +147,9 @@ def fleet_now(principal: Principal, window_s: int = 60, now: datetime | None = N
     """Two queries for the replicas (each serving replica's newest and oldest sample inside
     the window) and two for the edges' error counts."""
     now = now or timezone.now()
-    recent = scoped(ReplicaSample.objects.filter(at__gte=now - timedelta(seconds=window_s),
-                                                 replica__state__in=SERVING_STATES),
-                    principal, "replica__deployment__tenant", shared_visible=True)
+    recent = ReplicaSample.objects.filter(
+        at__gte=now - timedelta(seconds=window_s), replica__state__in=SERVING_STATES,
+    ).visible_to(principal)
     newest = _samples(recent.order_by("replica_id", "-at").distinct("replica_id"))
     oldest = {s.replica_id: s for s in
               _samples(recent.order_by("replica_id", "at").distinct("replica_id"))}

@@ -15,6 +15,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class Rule(models.TextChoices):
     TTFT_SLO = "ttft_slo", "TTFT p95 over SLO"
@@ -70,6 +72,9 @@ class Alert(models.Model):
     notify_state = models.CharField(
         max_length=16, choices=NotifyState.choices, default=NotifyState.NONE,
         help_text="Delivery of the latest webhook notification for this alert.")
+
+    tenancy = Tenancy("tenant")
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-opened_at", "-id"]
@@ -135,6 +140,9 @@ class AlertDelivery(models.Model):
     created_at = models.DateTimeField()
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
+
+    tenancy = Tenancy("alert__tenant")
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

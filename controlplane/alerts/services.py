@@ -25,7 +25,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.validators import URLValidator
 from django.db import transaction
-from django.db.models import Count, F, Max, Min, Q, QuerySet
+from django.db.models import Count, F, Max, Min, Q
 from django.utils import timezone
 
 from controlplane.alerts import rules
@@ -473,15 +473,9 @@ def undelivered(older_than: timedelta = timedelta(minutes=10)) -> list[int]:
 
 # --- reading ------------------------------------------------------------------------------
 
-def visible(principal: Principal, queryset: QuerySet[Alert] | None = None) -> QuerySet[Alert]:
-    """Alerts a principal may read: all for platform staff, else its tenant's own."""
-    rows = queryset if queryset is not None else Alert.objects.all()
-    return rows if principal.is_platform else rows.filter(Q(tenant_id=principal.tenant_id))
-
-
 def open_counts(principal: Principal) -> dict[str, int]:
     """Open alerts by severity, plus the total, in one query."""
-    counts = visible(principal).filter(state=AlertState.OPEN).aggregate(
+    counts = Alert.objects.visible_to(principal).filter(state=AlertState.OPEN).aggregate(
         total=Count("id"),
         critical=Count("id", filter=Q(severity=Severity.CRITICAL)),
         warning=Count("id", filter=Q(severity=Severity.WARNING)))

@@ -6,11 +6,12 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Model as DjangoModel
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from rest_framework import serializers, viewsets
 
 from controlplane.core.models import Role
 from controlplane.core.services import Principal, principal_for, record_audit
+from controlplane.core.tenancy import TenantQuerySet, has_tenancy
 
 
 def _plain(value: Any) -> Any:
@@ -25,16 +26,11 @@ def _plain(value: Any) -> Any:
 
 
 class TenantScopedViewSet(viewsets.GenericViewSet):
-    """Scopes rows to the caller's tenant.
-
-    Where rows belong to tenants, `tenant_field` is the lookup from the row to its tenant;
-    `shared_visible` lets tenant users read rows with no tenant (shared deployments).
-    """
+    """Shows the caller the rows the tenancy rule lets it see (`visible_to`, on every model
+    that belongs to tenants: see controlplane/core/tenancy.py); other rows are a 404."""
 
     write_role: str = Role.OPERATOR
     platform_only_writes = False
-    tenant_field: str | None = None
-    shared_visible = False
 
     @property
     def principal(self) -> Principal:
@@ -42,13 +38,10 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self) -> QuerySet[Any]:
         queryset = super().get_queryset()
-        principal = self.principal
-        if self.tenant_field is None or principal.is_platform:
-            return queryset
-        scope = Q(**{self.tenant_field: principal.tenant_id})
-        if self.shared_visible:
-            scope |= Q(**{f"{self.tenant_field}__isnull": True})
-        return queryset.filter(scope)
+        if has_tenancy(queryset.model):
+            assert isinstance(queryset, TenantQuerySet), f"{queryset.model} needs TenantQuerySet"
+            return queryset.visible_to(self.principal)
+        return queryset
 
 
 class MeridianViewSet(TenantScopedViewSet, viewsets.ModelViewSet):

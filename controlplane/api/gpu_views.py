@@ -216,7 +216,6 @@ class GpuNodeSerializer(serializers.ModelSerializer):
 class GpuNodeViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
     """GPU nodes and their latest readings; tenant users see the nodes of their replicas."""
 
-    tenant_field = "replica__deployment__tenant"
     queryset = GpuNode.objects.prefetch_related(Prefetch(
         "readings",
         queryset=GpuReading.objects.filter(at=Subquery(

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
+from controlplane.core.tenancy import has_tenancy, owner_tenant_id
 
 
 class RolePermission(permissions.BasePermission):
@@ -39,13 +40,10 @@ class RolePermission(permissions.BasePermission):
         if request.method in permissions.SAFE_METHODS:
             return True
         principal = principal_for(request.user)
-        tenant_field = getattr(view, "tenant_field", None)
-        if principal.is_platform or tenant_field is None:
+        if principal.is_platform or not has_tenancy(type(obj)):
             return True
-        owner = obj
-        for part in tenant_field.split("__"):
-            owner = getattr(owner, part, None)
-        if owner is None:
+        # Another tenant's row never reaches here (the queryset hides it): no owner is shared.
+        if owner_tenant_id(obj) is None:
             self.message = "Shared objects may be changed by platform staff only."
             return False
         return True

@@ -17,7 +17,6 @@ from controlplane.api.base import MeridianViewSet, TenantScopedViewSet
 from controlplane.api.deployment_actions import DeploymentActions, ReplicaActions
 from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
-from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment, Model, Replica, ReplicaState
 from controlplane.provisioning.models import Operation
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
@@ -80,7 +79,6 @@ class ModelViewSet(CatalogViewSet):
 class TenantViewSet(MeridianViewSet):
     write_role = Role.ADMIN
     platform_only_writes = True
-    tenant_field = "id"
     queryset = Tenant.objects.prefetch_related(
         "allowed_jurisdictions", Prefetch("allowed_regions", Region.objects.select_related("cloud"))
     )
@@ -92,7 +90,6 @@ class ApiKeyViewSet(MeridianViewSet):
     """Inference keys for the edges. DELETE revokes: the row stays for the record."""
 
     write_role = Role.ADMIN
-    tenant_field = "tenant"
     queryset = ApiKey.objects.select_related("tenant")
     serializer_class = serializers.ApiKeySerializer
     filterset_class = filters.ApiKeyFilter
@@ -109,8 +106,6 @@ class ApiKeyViewSet(MeridianViewSet):
 
 class DeploymentViewSet(DeploymentActions, MeridianViewSet):
     write_role = Role.OPERATOR
-    tenant_field = "tenant"
-    shared_visible = True
     queryset = (
         Deployment.objects.select_related("model", "tenant")
         .prefetch_related(
@@ -126,26 +121,20 @@ class DeploymentViewSet(DeploymentActions, MeridianViewSet):
 
 
 class ReplicaViewSet(ReplicaActions, TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
-    tenant_field = "deployment__tenant"
-    shared_visible = True
     queryset = Replica.objects.select_related("deployment", "region__cloud")
     serializer_class = serializers.ReplicaSerializer
     filterset_class = filters.ReplicaFilter
     ordering_fields = ["created_at", "state", "state_changed_at"]
 
 
-class AuditLogViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class AuditLogViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     """The append-only record; tenant users see their own tenant's events only."""
 
+    write_role = Role.ADMIN
     queryset = AuditLog.objects.all()
     serializer_class = serializers.AuditLogSerializer
     filterset_class = filters.AuditLogFilter
     ordering_fields = ["at"]
-
-    def get_queryset(self):  # type: ignore[no-untyped-def]
-        principal = principal_for(self.request.user)
-        queryset = super().get_queryset()
-        return queryset if principal.is_platform else queryset.filter(tenant_id=principal.tenant_id)
 
 
 class StatusView(APIView):
@@ -162,8 +151,6 @@ class StatusView(APIView):
 class OperationViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
     """Provider jobs (launch, terminate, …) with their status and log."""
 
-    tenant_field = "replica__deployment__tenant"
-    shared_visible = True
     queryset = Operation.objects.all()
     serializer_class = serializers.OperationSerializer
     filterset_fields = ["kind", "status", "provider", "replica"]

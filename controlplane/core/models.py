@@ -6,6 +6,8 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
@@ -42,6 +44,9 @@ class Tenant(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    tenancy = Tenancy("id")
+    objects = TenantQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -59,6 +64,9 @@ class Membership(models.Model):
     tenant = models.ForeignKey(
         Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="members"
     )
+
+    tenancy = Tenancy("tenant")
+    objects = TenantQuerySet.as_manager()
 
     def __str__(self) -> str:
         scope = self.tenant.name if self.tenant is not None else "platform"
@@ -97,6 +105,9 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    tenancy = Tenancy("tenant")
+    objects = TenantQuerySet.as_manager()
+
     class Meta:
         ordering = ["tenant__name", "name"]
         constraints = [
@@ -126,6 +137,9 @@ class AuditLog(models.Model):
     )
     changes = models.JSONField(default=dict, blank=True)
     reason = models.TextField(blank=True)
+
+    tenancy = Tenancy("tenant")
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at", "-id"]

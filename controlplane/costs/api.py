@@ -78,7 +78,7 @@ class CostSummaryView(APIView):
         query = CostQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data
-        rows = services.rollups_for(principal_for(request.user).tenant_name())
+        rows = CostRollup.objects.visible_to(principal_for(request.user))
         rows = rows.filter(hour__gte=services.hour_of(q["since"]), hour__lt=q["until"])
         for field in ("model", "region", "tenant"):
             if field in q:
@@ -126,8 +126,7 @@ class CostRollupViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     ordering_fields = ["hour", "usd"]
 
     def get_queryset(self) -> QuerySet[CostRollup]:
-        tenant = principal_for(self.request.user).tenant_name()
-        return super().get_queryset().filter(**({} if tenant is None else {"tenant": tenant}))
+        return CostRollup.objects.visible_to(principal_for(self.request.user))
 
 
 class BudgetSerializer(serializers.Serializer):
@@ -152,9 +151,7 @@ class BudgetViewSet(viewsets.ViewSet):
     lookup_value_regex = r"[-a-zA-Z0-9_]+"
 
     def _tenants(self, request: Request) -> QuerySet[Tenant]:
-        principal = principal_for(request.user)
-        rows = Tenant.objects.order_by("name")
-        return rows if principal.tenant_id is None else rows.filter(id=principal.tenant_id)
+        return Tenant.objects.visible_to(principal_for(request.user)).order_by("name")
 
     @extend_schema(responses=BudgetSerializer(many=True))
     def list(self, request: Request) -> Response:

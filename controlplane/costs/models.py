@@ -13,6 +13,8 @@ from decimal import Decimal
 
 from django.db import models
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class TokenUsage(models.Model):
     """Tokens served in one hour for one (model, region, tenant), from the edges' counters."""
@@ -23,6 +25,9 @@ class TokenUsage(models.Model):
     tenant = models.CharField(max_length=64, blank=True, help_text="Tenant name; empty: none.")
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
+
+    tenancy = Tenancy("tenant", by_name=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-hour", "model", "region", "tenant"]
@@ -47,6 +52,9 @@ class CostRollup(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
     usd = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal(0))
     computed_at = models.DateTimeField()
+
+    tenancy = Tenancy("tenant", by_name=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-hour", "model", "region", "tenant"]

@@ -377,12 +377,6 @@ def usd_per_mtok(usd: Decimal | float | None, tokens: int | None) -> float | Non
     return float(usd or 0) * 1_000_000 / tokens
 
 
-def rollups_for(tenant_name: str | None) -> QuerySet[CostRollup]:
-    """Rollup rows a viewer may see: all for platform staff, else its tenant's own."""
-    rows = CostRollup.objects.all()
-    return rows if tenant_name is None else rows.filter(tenant=tenant_name)
-
-
 def summarize(rows: QuerySet[CostRollup], group_by: str) -> list[dict[str, Any]]:
     """Spend and tokens per model, region, tenant, hour or day, most expensive first (by
     time for hour and day); each with $ per million tokens."""

@@ -6,6 +6,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from controlplane.core.models import Tier
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
 
 
 class Dtype(models.TextChoices):
@@ -96,6 +97,9 @@ class Deployment(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    tenancy = Tenancy("tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
         constraints = [
@@ -140,6 +144,9 @@ class Replica(models.Model):
     state_changed_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+
+    tenancy = Tenancy("deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["deployment__name", "id"]

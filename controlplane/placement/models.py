@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class PlanStatus(models.TextChoices):
     PROPOSED = "proposed", "Proposed"
@@ -73,6 +75,9 @@ class PlanChange(models.Model):
     replica_ids = models.JSONField(
         default=list, blank=True, help_text="Replicas this change created or drained."
     )
+
+    tenancy = Tenancy("deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["plan", "deployment__name", "action", "id"]

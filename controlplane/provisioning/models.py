@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class OperationKind(models.TextChoices):
     LAUNCH = "launch", "Launch"
@@ -38,6 +40,9 @@ class Operation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    tenancy = Tenancy("replica__deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class ScalingDecision(models.Model):
     """One autoscaler decision for a deployment, with the signals that drove it."""
@@ -17,6 +19,9 @@ class ScalingDecision(models.Model):
     reason = models.CharField(max_length=300)
     signals = models.JSONField(default=dict)
     placed = models.JSONField(default=list, blank=True, help_text="region keys of new replicas")
+
+    tenancy = Tenancy("deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at"]

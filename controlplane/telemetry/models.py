@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+
 
 class ReplicaSample(models.Model):
     replica = models.ForeignKey(
@@ -18,6 +20,9 @@ class ReplicaSample(models.Model):
     kv_usage = models.FloatField(default=0)
     counters = models.JSONField(default=dict, blank=True)
     buckets = models.JSONField(default=dict, blank=True)
+
+    tenancy = Tenancy("replica__deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at"]
@@ -76,6 +81,9 @@ class GpuNode(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    tenancy = Tenancy("replica__deployment__tenant")
+    objects = TenantQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -106,6 +114,9 @@ class GpuReading(models.Model):
                                   help_text="XID codes NVML delivered since the last reading.")
     lost = models.BooleanField(default=False, help_text="NVML answered 'GPU is lost'.")
     errors = models.JSONField(default=dict, blank=True, help_text="field → NVML error")
+
+    tenancy = Tenancy("node__replica__deployment__tenant")
+    objects = TenantQuerySet.as_manager()
 
     class Meta:
         ordering = ["-at", "index"]

@@ -29,7 +29,7 @@ class AcknowledgeForm(forms.Form):
 @dashboard_view()
 def alerts(request: HttpRequest) -> HttpResponse:
     principal = principal_of(request)
-    rows = services.visible(principal, Alert.objects.select_related("tenant"))
+    rows = Alert.objects.select_related("tenant").visible_to(principal)
     form = AlertFilter(request.GET or None)
     if form.is_valid():
         if form.cleaned_data["rule"]:
@@ -56,7 +56,7 @@ def alerts(request: HttpRequest) -> HttpResponse:
 @dashboard_view(role=Role.OPERATOR, methods=("POST",))
 def acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
     principal = principal_of(request)
-    alert = get_object_or_404(services.visible(principal), pk=pk)  # another tenant's: 404
+    alert = get_object_or_404(Alert.objects.visible_to(principal), pk=pk)  # another tenant's: 404
     form = AcknowledgeForm(request.POST)
     if not form.is_valid():
         messages.error(request, "Nothing done: the note " + " ".join(str(e) for e in form.errors["note"]))

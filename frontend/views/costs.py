@@ -58,9 +58,7 @@ def _over_time(rows: Any, bucket: str) -> list[dict[str, Any]]:
 def _budgets(principal: Any, now: datetime) -> tuple[list[dict[str, Any]], int]:
     """Tenants with a budget or spend this month, nearest their budget first."""
     start, _ = services.month_bounds(now)
-    tenants = Tenant.objects.order_by("name")
-    if not principal.is_platform:
-        tenants = tenants.filter(pk=principal.tenant_id)
+    tenants = Tenant.objects.visible_to(principal).order_by("name")
     spenders = (CostRollup.objects.filter(hour__gte=start, usd__gt=0).exclude(tenant="")
                 .values("tenant"))
     tenants = tenants.filter(Q(monthly_budget_usd__isnull=False) | Q(name__in=spenders))
@@ -92,7 +90,7 @@ def costs(request: HttpRequest) -> HttpResponse:
         period = form.cleaned_data["period"]
     now = timezone.now()
     since, until, bucket = window(period, now)
-    rows = services.rollups_for(principal.tenant_name()).filter(hour__gte=since, hour__lt=until)
+    rows = CostRollup.objects.visible_to(principal).filter(hour__gte=since, hour__lt=until)
     by_model = services.summarize(rows, "model")
     by_region = services.summarize(rows, "region")
     by_tenant = services.summarize(rows, "tenant")

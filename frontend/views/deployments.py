@@ -25,7 +25,7 @@ from controlplane.scaling.services import (
     scale_in_region,
 )
 from frontend import charts, fleet, traffic
-from frontend.access import change_refusal, dashboard_view, forbidden, principal_of, scoped
+from frontend.access import change_refusal, dashboard_view, forbidden, principal_of
 from frontend.forms import ReasonForm, ScaleForm
 from frontend.views.common import paginate, query_without_page, render_page
 from regions.models import Offer, Region
@@ -38,7 +38,7 @@ STATE_RANK = Case(*(When(state=state, then=Value(i)) for i, state in enumerate(f
 
 
 def visible_deployments(principal: Principal) -> Any:
-    return scoped(Deployment.objects.all(), principal, "tenant", shared_visible=True)
+    return Deployment.objects.visible_to(principal)
 
 
 @dashboard_view()
@@ -107,7 +107,7 @@ def _events(principal: Principal, deployment: Deployment) -> list[AuditLog]:
                    .annotate(text_id=Cast("pk", CharField())).values("text_id"))
     about = (Q(object_type="deployments.deployment", object_id=str(deployment.pk))
              | Q(object_type="deployments.replica", object_id__in=replica_ids))
-    rows = scoped(AuditLog.objects.filter(about), principal, "tenant")
+    rows = AuditLog.objects.filter(about).visible_to(principal)
     return list(rows.order_by("-at", "-id")[:EVENT_LIMIT])
 
 
@@ -258,8 +258,7 @@ def scale(request: HttpRequest, name: str) -> HttpResponse:
 @dashboard_view(role=Role.OPERATOR, methods=("POST",))
 def drain(request: HttpRequest, pk: int) -> HttpResponse:
     principal = principal_of(request)
-    rows = scoped(Replica.objects.select_related("deployment", "region__cloud"), principal,
-                  "deployment__tenant", shared_visible=True)
+    rows = Replica.objects.select_related("deployment", "region__cloud").visible_to(principal)
     replica = get_object_or_404(rows, pk=pk)
     refusal = change_refusal(principal, replica.deployment.tenant_id)
     if refusal:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane.core.models import AuditLog
 from frontend import charts
-from frontend.access import dashboard_view, principal_of, scoped
+from frontend.access import dashboard_view, principal_of
 from frontend.forms import EventFilter
 from frontend.views.common import paginate, query_without_page, render_page
 
@@ -22,7 +22,7 @@ CHART_HOURS = 48
 def events(request: HttpRequest) -> HttpResponse:
     principal = principal_of(request)
     # As the API: tenant users see their tenant's events, not shared or platform ones.
-    rows = scoped(AuditLog.objects.all(), principal, "tenant")
+    rows = AuditLog.objects.visible_to(principal)
     form = EventFilter(
         request.GET or None,
         actions=rows.order_by("action").values_list("action", flat=True).distinct(),

@@ -18,14 +18,14 @@ from django.utils import timezone
 from controlplane.core.models import ApiKey, Membership, Role, Tenant
 from controlplane.core.services import Principal, issue_api_key, record_audit
 from controlplane.routing.signals import request_publish
-from frontend.access import change_refusal, dashboard_view, forbidden, principal_of, scoped
+from frontend.access import change_refusal, dashboard_view, forbidden, principal_of
 from frontend.forms import ApiKeyForm, ReasonForm
 from frontend.views.common import paginate, query_without_page, render_page
 from regions.models import Region
 
 
 def visible_tenants(principal: Principal) -> Any:
-    return scoped(Tenant.objects.all(), principal, "id")
+    return Tenant.objects.visible_to(principal)
 
 
 @dashboard_view()
@@ -105,7 +105,7 @@ def create_key(request: HttpRequest, name: str) -> HttpResponse:
 @dashboard_view(role=Role.ADMIN, methods=("POST",))
 def revoke_key(request: HttpRequest, pk: int) -> HttpResponse:
     principal = principal_of(request)
-    rows = scoped(ApiKey.objects.select_related("tenant"), principal, "tenant")
+    rows = ApiKey.objects.select_related("tenant").visible_to(principal)
     key = get_object_or_404(rows, pk=pk)
     refusal = change_refusal(principal, key.tenant_id)
     if refusal:

@@ -141,3 +141,76 @@ def test_revoked_token_gets_401(db, make_client):  # type: ignore[no-untyped-def
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     assert client.get("/api/v1/clouds/").status_code == 401
+
+
+# -- the tenancy rule over every endpoint that serves a tenant-owned model -----------------
+
+from controlplane.api.urls import router  # noqa: E402
+from controlplane.core.services import Principal  # noqa: E402
+from controlplane.core.tenancy import tenancy_of, tenant_owned_models  # noqa: E402
+from tests.tenant_rows import BUILDERS  # noqa: E402
+
+OWNED = {model._meta.label: model for model in tenant_owned_models()}
+ENDPOINTS = [
+    pytest.param(prefix, viewset, id=prefix)
+    for prefix, viewset, _ in router.registry
+    if getattr(getattr(viewset, "queryset", None), "model", None) in OWNED.values()
+]
+# Tenant-owned models no endpoint lists on their own, and why.
+NOT_SERVED = {
+    "core.Membership": "roles are granted in the admin and the dashboard",
+    "placement.PlanChange": "read inside plans, which are platform-wide",
+    "telemetry.ReplicaSample": "read through the dashboard's charts",
+    "telemetry.GpuReading": "read inside gpu-nodes",
+    "costs.TokenUsage": "read through costs and cost-rollups",
+    "alerts.AlertDelivery": "webhook bookkeeping, shown in the admin",
+}
+
+
+def test_every_tenant_owned_model_is_served_or_accounted_for() -> None:
+    served = {viewset.queryset.model._meta.label for _, viewset, _ in router.registry
+              if getattr(viewset, "queryset", None) is not None}
+    missing = sorted(set(OWNED) - served - set(NOT_SERVED))
+    assert not missing, f"tenant-owned but neither served nor in NOT_SERVED: {missing}"
+
+
+def _detail(prefix: str, viewset, row) -> str:  # type: ignore[no-untyped-def]
+    return f"/api/v1/{prefix}/{getattr(row, viewset.lookup_field or 'pk')}/"
+
+
+@pytest.mark.parametrize(("prefix", "viewset"), ENDPOINTS)
+def test_other_tenant_gets_404_and_lists_only_what_it_may_see(  # type: ignore[no-untyped-def]
+    fx, make_client, prefix, viewset,
+):
+    model = viewset.queryset.model
+    build = BUILDERS[model._meta.label]
+    own, others, unowned = build(fx, fx["acme"]), build(fx, fx["globex"]), build(fx, None)
+    acme = make_client(Role.ADMIN, fx["acme"])
+    listing = acme.get(f"/api/v1/{prefix}/")
+    assert listing.status_code == 200, listing.content
+    expected = model._default_manager.visible_to(Principal("a", Role.ADMIN, fx["acme"].pk))
+    assert listing.json()["count"] == expected.count()
+    platform = make_client(Role.VIEWER).get(f"/api/v1/{prefix}/").json()
+    assert platform["count"] == model._default_manager.count() > listing.json()["count"]
+    if not hasattr(viewset, "retrieve"):
+        return
+    assert acme.get(_detail(prefix, viewset, own)).status_code == 200
+    assert acme.get(_detail(prefix, viewset, others)).status_code == 404
+    if unowned is not None:
+        shared = tenancy_of(model).shared
+        assert acme.get(_detail(prefix, viewset, unowned)).status_code == (200 if shared else 404)
+    # Another tenant's row is not there to change (404), unless tenant users may change
+    # nothing here at all (403 before any row is looked up).
+    refused = 403 if getattr(viewset, "platform_only_writes", False) else 404
+    if hasattr(viewset, "partial_update"):
+        response = acme.patch(_detail(prefix, viewset, others), {}, format="json")
+        assert response.status_code == refused, response.content
+        if unowned is not None and tenancy_of(model).shared:
+            response = acme.patch(_detail(prefix, viewset, unowned), {}, format="json")
+            assert response.status_code == 403, response.content
+    if hasattr(viewset, "destroy"):
+        assert acme.delete(_detail(prefix, viewset, others)).status_code == refused
+    for extra in viewset.get_extra_actions():
+        if extra.detail and "post" in extra.mapping:
+            url = f"{_detail(prefix, viewset, others)}{extra.url_path}/"
+            assert acme.post(url, {}, format="json").status_code == refused, url
