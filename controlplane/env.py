@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from urllib.parse import unquote, urlsplit
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.validators import URLValidator
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -42,14 +44,43 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
 
 
-def env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float, above: float | None = None,
+              at_most: float | None = None) -> float:
+    """A number; `above` and `at_most` bound it (exclusive below, inclusive above)."""
     value = os.environ.get(name)
     if value is None:
         return default
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+        number = math.nan
+    low = -math.inf if above is None else above
+    high = math.inf if at_most is None else at_most
+    if not low < number <= high:
+        if above is None and at_most is None:
+            raise ImproperlyConfigured(f"{name} must be a number, got {value!r}")
+        raise ImproperlyConfigured(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
+    return number
+
+
+def env_url(name: str, schemes: tuple[str, ...] = ("http", "https")) -> str | None:
+    """A URL with one of `schemes`; None when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        URLValidator(schemes=list(schemes))(value)
+    except ValidationError:
+        raise ImproperlyConfigured(
+            f"{name} must be an {'/'.join(schemes)} URL, got {value!r}") from None
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

@@ -17,9 +17,11 @@ from controlplane.env import (
     database_from_url,
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_str,
+    env_url,
 )
 from controlplane.lab import backing
 
@@ -168,6 +170,15 @@ class MeridianSettings(TypedDict):
     CATALOG_STALE_AFTER: timedelta
     PLACEMENT_CLOUDS: list[str]
     DEFAULT_ENGINE: str
+    REPLAN_MIN_SAVING_USD_H: float
+    REPLAN_MIN_SAVING_FRACTION: float
+    REPLAN_PRICE_CHANGE_FRACTION: float
+    REPLAN_REJECTED_COOLDOWN: timedelta
+    GPU_TEMP_LIMIT_C: float
+    GPU_XID_HOLD: timedelta
+    GPU_READING_RETENTION: timedelta
+    ALERT_WEBHOOK_URL: str | None
+    ALERT_WEBHOOK_TIMEOUT_S: float
 
 
 MERIDIAN: MeridianSettings = {
@@ -180,6 +191,24 @@ MERIDIAN: MeridianSettings = {
     # The engine a new deployment runs unless it names one: a real vLLM, or enginesim (the
     # simulator; local regions only). The lab sets enginesim unless started with ENGINE=vllm.
     "DEFAULT_ENGINE": env_choice("MERIDIAN_DEFAULT_ENGINE", "vllm", ("vllm", "enginesim")),
+    # The periodic replan proposes a plan only when it saves this much (plans/replan.py),
+    # looks again when an offer's price moved by this fraction, and leaves a rejected plan's
+    # deployments alone for the cooldown.
+    "REPLAN_MIN_SAVING_USD_H": env_float("MERIDIAN_REPLAN_MIN_SAVING_USD_H", 1.0),
+    "REPLAN_MIN_SAVING_FRACTION": env_float("MERIDIAN_REPLAN_MIN_SAVING_FRACTION", 0.05),
+    "REPLAN_PRICE_CHANGE_FRACTION": env_float("MERIDIAN_REPLAN_PRICE_CHANGE_FRACTION", 0.02),
+    "REPLAN_REJECTED_COOLDOWN": timedelta(
+        hours=env_float("MERIDIAN_REPLAN_REJECTED_COOLDOWN_H", 24.0, above=0)),
+    # GPU health (telemetry/gpu_reports.py): the temperature a GPU is judged hot at, how long a
+    # critical XID keeps a node unhealthy, and how long readings are kept.
+    "GPU_TEMP_LIMIT_C": env_float("MERIDIAN_GPU_TEMP_LIMIT_C", 85.0, above=0, at_most=200),
+    "GPU_XID_HOLD": timedelta(minutes=env_float("MERIDIAN_GPU_XID_HOLD_MIN", 60.0, above=0)),
+    "GPU_READING_RETENTION": timedelta(
+        hours=env_float("MERIDIAN_GPU_READING_RETENTION_H", 24.0, above=0)),
+    # Where alerts are POSTed (unset: nowhere), and how long one POST may take.
+    "ALERT_WEBHOOK_URL": env_url("MERIDIAN_ALERT_WEBHOOK_URL"),
+    "ALERT_WEBHOOK_TIMEOUT_S": env_float("MERIDIAN_ALERT_WEBHOOK_TIMEOUT_S", 5.0,
+                                         above=0, at_most=60),
 }
 
 LOGGING = {

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -22,8 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-from django.core.validators import URLValidator
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Max, Min, Q
 from django.utils import timezone
@@ -45,9 +43,6 @@ from controlplane.core.services import Principal, record_audit
 
 log = logging.getLogger(__name__)
 
-WEBHOOK_ENV = "MERIDIAN_ALERT_WEBHOOK_URL"
-WEBHOOK_TIMEOUT_ENV = "MERIDIAN_ALERT_WEBHOOK_TIMEOUT_S"
-DEFAULT_WEBHOOK_TIMEOUT_S = 5.0
 ACTOR = "alerts"
 
 
@@ -63,30 +58,12 @@ def thresholds() -> dict[str, Thresholds]:
 
 
 def webhook_url() -> str | None:
-    """The webhook from the environment, validated; None when unset or empty."""
-    url = os.environ.get(WEBHOOK_ENV, "").strip()
-    if not url:
-        return None
-    try:
-        URLValidator(schemes=["http", "https"])(url)
-    except Exception as exc:
-        raise ImproperlyConfigured(
-            f"{WEBHOOK_ENV} must be an http(s) URL, got {url!r}") from exc
-    return url
+    """MERIDIAN_ALERT_WEBHOOK_URL, checked at start-up; None when unset."""
+    return settings.MERIDIAN["ALERT_WEBHOOK_URL"]
 
 
 def webhook_timeout_s() -> float:
-    raw = os.environ.get(WEBHOOK_TIMEOUT_ENV)
-    if raw is None:
-        return DEFAULT_WEBHOOK_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 60:
-        raise ImproperlyConfigured(
-            f"{WEBHOOK_TIMEOUT_ENV} must be a number of seconds in (0, 60], got {raw!r}")
-    return value
+    return settings.MERIDIAN["ALERT_WEBHOOK_TIMEOUT_S"]
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -265,12 +242,7 @@ def evaluate(now: datetime | None = None, gatherers: Iterable[tuple[tuple[str, .
             continue
         evaluated.update(active)
         findings += [f for f in found if f.rule in active]
-    try:
-        url = webhook_url()
-    except ImproperlyConfigured as exc:  # alerts still open and resolve; nothing is sent
-        url = None
-        errors["webhook"] = str(exc)
-    report = reconcile(findings, evaluated, now, limits, url)
+    report = reconcile(findings, evaluated, now, limits, webhook_url())
     report.errors = errors
     return report
 

@@ -16,9 +16,9 @@ Every run (`placement.replan`, under an advisory lock):
    `auto_apply_plans` — through `plans.approve`/`plans.start_apply`, so make-before-break
    holds — and otherwise leaves it for an operator.
 
-Thresholds come from the environment, read per run: MERIDIAN_REPLAN_MIN_SAVING_USD_H (1.0),
-MERIDIAN_REPLAN_MIN_SAVING_FRACTION (0.05), MERIDIAN_REPLAN_PRICE_CHANGE_FRACTION (0.02),
-MERIDIAN_REPLAN_REJECTED_COOLDOWN_H (24).
+Thresholds are settings, read and checked at start-up (controlplane/settings.py):
+MERIDIAN_REPLAN_MIN_SAVING_USD_H (1.0), MERIDIAN_REPLAN_MIN_SAVING_FRACTION (0.05),
+MERIDIAN_REPLAN_PRICE_CHANGE_FRACTION (0.02), MERIDIAN_REPLAN_REJECTED_COOLDOWN_H (24).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -36,7 +37,6 @@ from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.env import env_float
 from controlplane.failover.models import Health, RegionHealth
 from controlplane.placement.candidates import CandidateIndex
 from controlplane.placement.capacity import replica_nodes
@@ -66,13 +66,10 @@ class Thresholds:
     rejected_cooldown: timedelta = timedelta(hours=24)
 
     @classmethod
-    def from_env(cls) -> Thresholds:
-        return cls(
-            env_float("MERIDIAN_REPLAN_MIN_SAVING_USD_H", cls.min_saving_usd_h),
-            env_float("MERIDIAN_REPLAN_MIN_SAVING_FRACTION", cls.min_saving_fraction),
-            env_float("MERIDIAN_REPLAN_PRICE_CHANGE_FRACTION", cls.price_change_fraction),
-            timedelta(hours=env_float("MERIDIAN_REPLAN_REJECTED_COOLDOWN_H", 24.0)),
-        )
+    def from_settings(cls) -> Thresholds:
+        meridian = settings.MERIDIAN
+        return cls(meridian["REPLAN_MIN_SAVING_USD_H"], meridian["REPLAN_MIN_SAVING_FRACTION"],
+                   meridian["REPLAN_PRICE_CHANGE_FRACTION"], meridian["REPLAN_REJECTED_COOLDOWN"])
 
     def saving_passes(self, before: float, after: float) -> bool:
         saving = before - after
@@ -299,7 +296,7 @@ def _plan_signature(plan: Plan) -> list[list[Any]]:
 
 def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
     """One replan of the whole fleet; see the module's docstring."""
-    thresholds = thresholds or Thresholds.from_env()
+    thresholds = thresholds or Thresholds.from_settings()
     deployments = list(Deployment.objects.select_related("model").prefetch_related(
         "allowed_jurisdictions", "user_regions").order_by("name"))
     if not deployments:

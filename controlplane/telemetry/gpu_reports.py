@@ -5,8 +5,8 @@ compiler gives degraded replicas half weight and the edges prefer others); once 
 healthy again, a replica this node degraded goes back to ready. Every health change is an
 audit event with the figures behind it.
 
-Settings (environment, read per report): MERIDIAN_GPU_TEMP_LIMIT_C (85),
-MERIDIAN_GPU_XID_HOLD_MIN (60: how long a critical XID keeps a node unhealthy),
+Settings (read and checked at start-up, controlplane/settings.py): MERIDIAN_GPU_TEMP_LIMIT_C
+(85), MERIDIAN_GPU_XID_HOLD_MIN (60: how long a critical XID keeps a node unhealthy),
 MERIDIAN_GPU_READING_RETENTION_H (24).
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,9 +24,7 @@ from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import IllegalTransition, transition
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.env import env_float
 from controlplane.telemetry.gpu_health import (
-    DEFAULT_TEMPERATURE_LIMIT_C,
     GpuState,
     Verdict,
     gpu_health,
@@ -41,15 +40,15 @@ READING_FIELDS = (
 
 
 def temperature_limit_c() -> float:
-    return env_float("MERIDIAN_GPU_TEMP_LIMIT_C", DEFAULT_TEMPERATURE_LIMIT_C)
+    return settings.MERIDIAN["GPU_TEMP_LIMIT_C"]
 
 
 def xid_hold() -> timedelta:
-    return timedelta(minutes=env_float("MERIDIAN_GPU_XID_HOLD_MIN", 60.0))
+    return settings.MERIDIAN["GPU_XID_HOLD"]
 
 
 def retention() -> timedelta:
-    return timedelta(hours=env_float("MERIDIAN_GPU_READING_RETENTION_H", 24.0))
+    return settings.MERIDIAN["GPU_READING_RETENTION"]
 
 
 def degraded_marker(node: GpuNode) -> str:

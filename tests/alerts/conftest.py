@@ -21,9 +21,11 @@ from controlplane.deployments.models import ReplicaState as S
 @pytest.fixture(autouse=True)
 def alert_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No webhook and the embedded metrics source unless a test sets them."""
-    for name in ("MERIDIAN_ALERT_WEBHOOK_URL", "MERIDIAN_ALERT_WEBHOOK_TIMEOUT_S",
-                 "PROMETHEUS_URL"):
-        monkeypatch.delenv(name, raising=False)
+    from django.conf import settings
+
+    monkeypatch.setitem(settings.MERIDIAN, "ALERT_WEBHOOK_URL", None)
+    monkeypatch.setitem(settings.MERIDIAN, "ALERT_WEBHOOK_TIMEOUT_S", 5.0)
+    monkeypatch.delenv("PROMETHEUS_URL", raising=False)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -61,13 +62,13 @@ def test_nothing_broken_and_nothing_to_save_proposes_nothing(world):  # type: ig
 
 def test_a_saving_below_the_threshold_proposes_nothing(world, monkeypatch):  # type: ignore[no-untyped-def]
     cheaper_l4(world, "0.30")  # 3 nodes per replica: $0.90/h against $2.40/h
-    monkeypatch.setenv("MERIDIAN_REPLAN_MIN_SAVING_USD_H", "5")
+    monkeypatch.setitem(settings.MERIDIAN, "REPLAN_MIN_SAVING_USD_H", 5)
     outcome = replan()
     assert outcome.action == "none" and "below the thresholds" in outcome.reason
     assert outcome.saving_usd_h == pytest.approx(3.0)
     assert not Plan.objects.exists()
-    monkeypatch.setenv("MERIDIAN_REPLAN_MIN_SAVING_USD_H", "1")
-    monkeypatch.setenv("MERIDIAN_REPLAN_MIN_SAVING_FRACTION", "0.7")  # 3.0 of 4.8 is 62%
+    monkeypatch.setitem(settings.MERIDIAN, "REPLAN_MIN_SAVING_USD_H", 1)
+    monkeypatch.setitem(settings.MERIDIAN, "REPLAN_MIN_SAVING_FRACTION", 0.7)  # 3.0 of 4.8 is 62%
     assert replan().action == "none"
     assert not Plan.objects.exists()
 
@@ -173,7 +174,7 @@ def test_a_price_change_since_the_plan_is_a_broken_rule(world, monkeypatch):  # 
                               region=world["fra"], offer=world["fra_l4"], count=2,
                               usd_h_delta=Decimal("4.80"), reason="placed",
                               replica_ids=[r.pk for r in world["running"]])
-    monkeypatch.setenv("MERIDIAN_REPLAN_MIN_SAVING_USD_H", "100")
+    monkeypatch.setitem(settings.MERIDIAN, "REPLAN_MIN_SAVING_USD_H", 100)
     assert replan().action == "none"  # same price: nothing broken, saving below threshold
 
     Offer.objects.filter(pk=world["fra_l4"].pk).update(on_demand_usd_h=Decimal("1.20"))

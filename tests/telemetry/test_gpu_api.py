@@ -7,6 +7,7 @@ import sys
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from controlplane.core.models import AuditLog, Role
@@ -212,7 +213,7 @@ def test_a_replica_degraded_for_another_reason_is_left_alone(operator, replica):
 
 
 def test_critical_xid_holds_the_node_unhealthy_for_the_hold_window(operator, monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("MERIDIAN_GPU_XID_HOLD_MIN", "10")
+    monkeypatch.setitem(settings.MERIDIAN, "GPU_XID_HOLD", timedelta(minutes=10))
     now = timezone.now()
     at = (now - timedelta(minutes=20)).isoformat()
     assert operator.post(URL, report(at=at, gpus=[gpu(0, xid_errors=[79])]),
@@ -227,7 +228,7 @@ def test_critical_xid_holds_the_node_unhealthy_for_the_hold_window(operator, mon
 
 
 def test_old_readings_are_pruned(operator, monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("MERIDIAN_GPU_READING_RETENTION_H", "1")
+    monkeypatch.setitem(settings.MERIDIAN, "GPU_READING_RETENTION", timedelta(hours=1))
     old = (timezone.now() - timedelta(minutes=59)).isoformat()
     operator.post(URL, report(at=old), format="json")
     assert GpuReading.objects.count() == 2
