@@ -369,19 +369,65 @@ class SkyPilotProvider:
     def _call(self, doing: str, fn: Callable[[], T]) -> T:
         return _bounded(fn, self.timeout_s, doing)
 
-    def _call_retrying(self, doing: str, fn: Callable[[], T], kinds: frozenset[str]) -> T:
-        """`_call`, tried again (with backoff) after an error of one of `kinds`.
+    def _request(self, doing: str, submit: Callable[[], Any], wait: bool = True) -> Any:
+        """Submit one API-server request (`submit` returns its request id) and, with `wait`,
+        its result from `sky.get`, all within `timeout_s`; without `wait`, the request id.
+
+        A request that overruns is cancelled on the API server (`sky.api_cancel`), so nothing
+        goes on running there that no one waits for: at once when its id is known, else as
+        soon as the submission that overran returns the id.
+        """
+        lock = threading.Lock()
+        state: dict[str, Any] = {"id": None, "abandoned": False}
+
+        def run() -> Any:
+            request_id = submit()
+            with lock:
+                state["id"] = request_id
+                abandoned = state["abandoned"]
+            if abandoned:  # the caller gave up while the server was accepting it
+                self._cancel(request_id)
+                return None
+            return self.sdk.get(request_id) if wait else request_id
+
+        try:
+            return _bounded(run, self.timeout_s, doing)
+        except ProviderError as exc:
+            if exc.kind != "timeout":
+                raise
+            with lock:
+                state["abandoned"] = True
+                request_id = state["id"]
+            if request_id is None:
+                raise ProviderError("timeout", f"{exc.message}; the request is cancelled "
+                                               "once the API server accepts it") from exc
+            self._cancel(request_id)
+            raise ProviderError("timeout", f"{exc.message}; request {request_id} "
+                                           "cancelled") from exc
+
+    def _cancel(self, request_id: Any) -> None:
+        """Ask the API server to cancel a request (not waiting for it to be done); a request
+        that already finished stays as it ended."""
+        try:
+            self._call(f"cancel request {request_id}",
+                       lambda: self.sdk.api_cancel(request_id, silent=True))
+        except ProviderError:
+            pass  # best effort: the server may be the thing that is not answering
+
+    def _call_retrying(self, attempt: Callable[[], T], kinds: frozenset[str]) -> T:
+        """`attempt` (a bounded call), tried again (with backoff) after an error of one of
+        `kinds`.
 
         Only for calls that are safe to repeat after that kind of error: `down` always is; a
         launch only after "unavailable", which means the API server never accepted it.
         """
-        for attempt in range(self.retries + 1):
+        for tried in range(self.retries + 1):
             try:
-                return self._call(doing, fn)
+                return attempt()
             except ProviderError as exc:
-                if exc.kind not in kinds or attempt == self.retries:
+                if exc.kind not in kinds or tried == self.retries:
                     raise
-            time.sleep(self.retry_backoff_s * 2 ** attempt)
+            time.sleep(self.retry_backoff_s * 2 ** tried)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- launch -----------------------------------------------------------------------------
@@ -398,8 +444,9 @@ class SkyPilotProvider:
         yaml_text = render_replica_task(spec)
         task = task_from_yaml(yaml_text, self.sdk, self._secrets(spec))
         cluster = cluster_name_for(spec.replica_id)
-        request_id = self._call_retrying(f"launch {cluster}", lambda: self.sdk.launch(
-            task, cluster_name=cluster, retry_until_up=False, down=False),
+        request_id = self._call_retrying(lambda: self._request(
+            f"launch {cluster}", lambda: self.sdk.launch(
+                task, cluster_name=cluster, retry_until_up=False, down=False), wait=False),
             frozenset({"unavailable"}))
         data = {"cluster": cluster, "launch_request": str(request_id), "port": spec.port,
                 "cloud": spec.cloud, "region": spec.region, "spot": spec.use_spot}
@@ -416,13 +463,10 @@ class SkyPilotProvider:
         return ""
 
     def _cluster(self, cluster: str) -> Any | None:
-        def ask() -> Any:
-            # AUTO refreshes spot clusters from the cloud, so a preemption shows up here.
-            request_id = self.sdk.status(cluster_names=[cluster],
-                                         refresh=self.sdk.StatusRefreshMode.AUTO)
-            return self.sdk.get(request_id)
-
-        records = self._call(f"status {cluster}", ask) or []
+        # AUTO refreshes spot clusters from the cloud, so a preemption shows up here. A
+        # cluster SkyPilot does not know is left out of the list (no error).
+        records = self._request(f"status {cluster}", lambda: self.sdk.status(
+            cluster_names=[cluster], refresh=self.sdk.StatusRefreshMode.AUTO)) or []
         for record in records:
             name = record.get("name") if isinstance(record, dict) else getattr(record, "name", "")
             if name == cluster:
@@ -474,17 +518,15 @@ class SkyPilotProvider:
         """On an UP cluster, the state of the `vllm serve` job the launch submitted: a server
         that ended (a wrong model id, out of memory, a gated model without a token) makes a
         failed replica, not one that stays "starting" until the ready timeout."""
-        def ask() -> tuple[Any, Any]:
+        try:
             job_id = None
-            if request_id:
-                launched = self.sdk.get(request_id)  # (job_id, handle) once launch succeeded
+            if request_id:  # (job_id, handle) once the launch succeeded
+                launched = self._call("launch result", lambda: self.sdk.get(request_id))
                 if isinstance(launched, tuple | list) and launched:
                     job_id = launched[0]
             wanted = [job_id] if job_id is not None else None  # None: the latest job
-            return job_id, self.sdk.get(self.sdk.job_status(cluster, wanted))
-
-        try:
-            job_id, statuses = self._call(f"job status on {cluster}", ask)
+            statuses = self._request(f"job status on {cluster}",
+                                     lambda: self.sdk.job_status(cluster, wanted))
         except ProviderError as exc:
             # The cluster is up; whether the engine answers is the readiness probe's to say.
             return ProviderStatus("running", f"cluster {cluster} is up (job state unknown: "
@@ -520,8 +562,8 @@ class SkyPilotProvider:
         cluster = handle.data.get("cluster", "")
         port = int(handle.data.get("port", 8000))
         try:
-            found = self._call(f"endpoints {cluster}", lambda: self.sdk.get(
-                self.sdk.endpoints(cluster, port)))
+            found = self._request(f"endpoints {cluster}",
+                                  lambda: self.sdk.endpoints(cluster, port))
         except ProviderError:
             found = None
         if found:
@@ -544,12 +586,14 @@ class SkyPilotProvider:
         if request_id:
             try:
                 if self._request_status(request_id) in ("PENDING", "WAITING", "RUNNING"):
-                    self._call("cancel launch", lambda: self.sdk.get(
-                        self.sdk.api_cancel(request_id)))
+                    self._request("cancel launch",
+                                  lambda: self.sdk.api_cancel(request_id, silent=True))
             except ProviderError:
                 pass  # down below is what releases the machines
         try:
-            self._call_retrying(f"down {cluster}", lambda: self.sdk.get(self.sdk.down(cluster)),
+            # SkyPilot raises ClusterDoesNotExist (a ValueError) for a cluster it does not know.
+            self._call_retrying(lambda: self._request(f"down {cluster}",
+                                                      lambda: self.sdk.down(cluster)),
                                 frozenset({"unavailable", "timeout"}))
         except ProviderError as exc:
             cause = exc.__cause__
@@ -602,10 +646,7 @@ class SkyPilotProvider:
         """
         wanted_by_cluster = {cluster_name_for(rid): rid for rid in wanted}
 
-        def ask() -> Any:
-            return self.sdk.get(self.sdk.status())
-
-        records = self._call("status of all clusters", ask) or []
+        records = self._request("status of all clusters", lambda: self.sdk.status()) or []
         adopted, reaped = [], []
         for record in records:
             cluster = str(self._field(record, "name") or "")

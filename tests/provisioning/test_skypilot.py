@@ -216,9 +216,20 @@ def test_cluster_names() -> None:
 # -- the provider against a fake SDK ----------------------------------------------------------
 
 class FakeSky:
-    """SkyPilot's request-ID SDK as the provider uses it: requests finish when told to."""
+    """SkyPilot's request-ID SDK as the provider uses it: requests finish when told to.
+
+    Where it can, it answers as the real SDK and API server do (tests/provisioning/
+    test_skypilot_server.py drives the real ones): `get` waits while a request is pending or
+    running, raises the request's error, raises RequestCancelled for a cancelled one and
+    RuntimeError for an unknown id; `status` leaves out clusters it does not know; `down`
+    of such a cluster fails with ClusterDoesNotExist, `endpoints` with ClusterNotUpError;
+    `api_cancel` cancels only requests still pending or running and its own result is the
+    list of the ids it cancelled.
+    """
 
     StatusRefreshMode = SimpleNamespace(AUTO="AUTO", NONE="NONE")
+    ACTIVE = ("PENDING", "RUNNING")
+    GET_WAIT_S = 30.0  # a fake request nobody finishes ends here, not never
 
     def __init__(self) -> None:
         import sky
@@ -234,11 +245,19 @@ class FakeSky:
         self.catalog = SimpleNamespace(list_accelerators=self._list_accelerators)
         self.catalog_result: dict[str, list[Any]] | BaseException = {}
         self.catalog_delay_s = 0.0
+        self.held: set[str] = set()  # request names that stay RUNNING until released
+        self._changed = threading.Condition()
 
     def _request(self, name: str, value: Any = None, error: BaseException | None = None,
                  status: str = "SUCCEEDED") -> str:
-        rid = f"req-{len(self.requests) + 1}"
-        self.requests[rid] = {"name": name, "status": status, "value": value, "error": error}
+        with self._changed:
+            rid = f"req-{len(self.requests) + 1}"
+            if name in self.held:
+                status = "RUNNING"
+            elif error is not None:
+                status = "FAILED"
+            self.requests[rid] = {"name": name, "status": status, "value": value,
+                                  "error": error}
         return rid
 
     def launch(self, task: Any, cluster_name: str, **kw: Any) -> str:
@@ -257,7 +276,19 @@ class FakeSky:
                 for r in request_ids if r in self.requests]
 
     def get(self, rid: str) -> Any:
-        req = self.requests[rid]
+        import sky.exceptions
+
+        with self._changed:
+            if rid not in self.requests:
+                raise RuntimeError(f"Failed to get request {rid}: 404 "
+                                   f'{{"detail":"Request {rid!r} not found"}}')
+            req = self.requests[rid]
+            if not self._changed.wait_for(lambda: req["status"] not in self.ACTIVE,
+                                          timeout=self.GET_WAIT_S):
+                raise TimeoutError(f"fake request {rid} was never finished")
+        if req["status"] == "CANCELLED":
+            raise sky.exceptions.RequestCancelled(
+                f"Current {req['name']!r} request ({rid}) is cancelled by another process.")
         if req["error"] is not None:
             raise req["error"]
         return req["value"]
@@ -271,7 +302,12 @@ class FakeSky:
                                         if n in self.clusters])
 
     def endpoints(self, cluster: str, port: int | None = None) -> str:
-        if self.endpoints_map is None or cluster not in self.clusters:
+        import sky.exceptions
+
+        if cluster not in self.clusters:
+            return self._request("endpoints", error=sky.exceptions.ClusterNotUpError(
+                f"Cluster {cluster!r} not found."))
+        if self.endpoints_map is None:
             return self._request("endpoints", error=ValueError("endpoint not exposed"))
         return self._request("endpoints", self.endpoints_map)
 
@@ -285,10 +321,18 @@ class FakeSky:
         del self.clusters[cluster]
         return self._request("down")
 
-    def api_cancel(self, rid: str) -> str:
-        self.calls.append(("cancel", rid))
-        self.requests[rid]["status"] = "CANCELLED"
-        return self._request("cancel")
+    def api_cancel(self, request_ids: str | list[str] | None = None, all_users: bool = False,
+                   silent: bool = False) -> str:
+        rids = [request_ids] if isinstance(request_ids, str) else list(request_ids or [])
+        cancelled = []
+        with self._changed:
+            for rid in rids:
+                self.calls.append(("cancel", rid))
+                if rid in self.requests and self.requests[rid]["status"] in self.ACTIVE:
+                    self.requests[rid]["status"] = "CANCELLED"
+                    cancelled.append(rid)
+            self._changed.notify_all()
+        return self._request("cancel", cancelled)
 
     def _list_accelerators(self, **kw: Any) -> dict[str, list[Any]]:
         self.calls.append(("catalog", kw["clouds"]))
@@ -299,8 +343,12 @@ class FakeSky:
         return self.catalog_result if kw["clouds"] == "aws" else {}
 
     # test helpers
-    def finish_launch(self, rid: str, error: BaseException | None = None) -> None:
-        self.requests[rid].update(status="FAILED" if error else "SUCCEEDED", error=error)
+    def finish_launch(self, rid: str, error: BaseException | None = None,
+                      value: Any = None) -> None:
+        with self._changed:
+            self.requests[rid].update(status="FAILED" if error else "SUCCEEDED", error=error,
+                                      value=value)
+            self._changed.notify_all()
 
     def cluster_up(self, name: str, status: str = "UP", head_ip: str = "3.4.5.6",
                    **extra: Any) -> None:
@@ -377,6 +425,9 @@ def test_cluster_states_after_launch(fake, provider) -> None:  # type: ignore[no
     (lambda e: e.ResourcesUnavailableError("Task requires AWS which is not enabled. To enable "
                                            "access, run: sky check aws"),
      "credentials", "not enabled"),
+    # What SkyPilot's API server raises when no cloud is enabled (test_skypilot_server.py).
+    (lambda e: e.NoCloudAccessError("Cloud access is not set up. Run: \x1b[1msky check\x1b[0m"),
+     "credentials", "Cloud access is not set up. Run: sky check"),
     (lambda e: e.InvalidCloudCredentials("AWS credentials are not set."), "credentials",
      "credentials"),
     (lambda e: e.CloudUserIdentityError("Failed to get AWS user identity"), "credentials",
@@ -419,10 +470,35 @@ def test_calls_are_time_bounded(fake, sky_home) -> None:  # type: ignore[no-unty
     with pytest.raises(ProviderError) as caught:
         provider.launch(spec())
     assert caught.value.kind == "timeout" and time.monotonic() - started < 0.9
+    assert "cancelled once the API server accepts it" in caught.value.message
+    # The submission that overran comes back with its request id: that launch is cancelled.
+    deadline = time.monotonic() + 5
+    while ("cancel", "req-1") not in fake.calls and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fake.requests["req-1"]["status"] == "CANCELLED"
     handle = ProviderHandle("skypilot", "r-12", {"cluster": "mrd-r-12", "launch_request": "x"})
     fake.api_error = TimeoutError("read timed out")
     status = provider.poll(handle)
     assert status.state == "unknown" and status.message.startswith("timeout: ")
+
+
+def test_a_request_that_overruns_is_cancelled_on_the_api_server(fake, sky_home) -> None:  # type: ignore[no-untyped-def]
+    provider = SkyPilotProvider(sdk=fake, timeout_s=0.3, retry_backoff_s=0.0,
+                                environ={"MERIDIAN_ENGINE_API_KEY": "k"})
+    handle = ProviderHandle("skypilot", "r-12", {"cluster": "mrd-r-12"})
+    fake.cluster_up("mrd-r-12")
+    fake.held = {"status"}  # the status request is accepted, and then nothing comes back
+    status = provider.poll(handle)
+    assert status.state == "unknown" and status.message.startswith("timeout: ")
+    (rid,) = [r for r, req in fake.requests.items() if req["name"] == "status"]
+    assert f"request {rid} cancelled" in status.message
+    assert ("cancel", rid) in fake.calls and fake.requests[rid]["status"] == "CANCELLED"
+    fake.held = {"down"}  # every try at down overruns: each is cancelled before the next
+    with pytest.raises(ProviderError) as caught:
+        provider.terminate(handle)
+    assert caught.value.kind == "timeout"
+    downs = [r for r, req in fake.requests.items() if req["name"] == "down"]
+    assert len(downs) == 3 and {fake.requests[r]["status"] for r in downs} == {"CANCELLED"}
 
 
 def test_unreachable_api_server_is_unknown_not_failed(fake, provider, sky_exc) -> None:  # type: ignore[no-untyped-def]

@@ -96,6 +96,11 @@ class FakeSkyWithJobs(FakeSky):
 
     def job_status(self, cluster: str, job_ids: list[int] | None = None) -> str:
         self.calls.append(("job_status", job_ids))
+        if cluster not in self.clusters:  # as SkyPilot's API server answers
+            import sky.exceptions
+
+            return self._request("job_status", error=sky.exceptions.ClusterDoesNotExist(
+                f"Cluster {cluster!r} does not exist."))
         wanted = job_ids if job_ids is not None else sorted(self.jobs)[-1:]
         return self._request("job_status", {j: self.jobs.get(j) for j in wanted})
 
@@ -113,7 +118,7 @@ def provider(fake):  # type: ignore[no-untyped-def]
 
 def launched(fake: FakeSkyWithJobs, provider: SkyPilotProvider, job_state: str):  # type: ignore[no-untyped-def]
     handle = provider.launch(spec())
-    fake.requests[handle.data["launch_request"]].update(status="SUCCEEDED", value=(1, None))
+    fake.finish_launch(handle.data["launch_request"], value=(1, None))
     fake.cluster_up("mrd-r-12")
     fake.jobs[1] = job_state
     return handle
