@@ -66,18 +66,18 @@ def main(argv: list[str] | None = None) -> int:
 
     python = sys.executable
     bind = f"{args.host}:{args.web_port}"
-    from controlplane.lab.prometheus import prometheus_argv
+    from controlplane.lab.prometheus import start_prometheus
 
-    prometheus = None if os.environ.get("PROMETHEUS_URL") else prometheus_argv(
-        args.var_dir, f"{args.host}:{args.prometheus_port}")
-    if prometheus:
-        os.environ["PROMETHEUS_URL"] = f"http://{args.host}:{args.prometheus_port}"
-        say(f"  Prometheus: {os.environ['PROMETHEUS_URL']} (scraping the targets Meridian writes)")
-    elif not os.environ.get("PROMETHEUS_URL"):
-        say("  Prometheus: not installed; telemetry scrapes replicas and edges itself")
     group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
-    if prometheus:
-        group.start("prometheus", prometheus)
+    if os.environ.get("PROMETHEUS_URL"):
+        say(f"  Prometheus: {os.environ['PROMETHEUS_URL']} (from the environment)")
+    elif prometheus_url := start_prometheus(group, args.var_dir, args.host,
+                                            args.prometheus_port, say):
+        # The control plane started below reads telemetry from it (telemetry.metrics_source).
+        os.environ["PROMETHEUS_URL"] = group.env["PROMETHEUS_URL"] = prometheus_url
+        say(f"  Prometheus: {prometheus_url} (scraping the targets Meridian writes)")
+    else:
+        say("  Prometheus: not running; telemetry scrapes replicas and edges itself")
     group.start("web", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
                         "--workers", "2", "--threads", "4", "--access-logfile", "-"])
     # Fast loops and slow provider jobs get their own workers, so a launch in progress never

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +35,7 @@ class ProcessGroup:
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed with it
         process = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(extra_env or {})},
-            start_new_session=True,
+            start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
         )
         log.close()
         child = Child(name, argv, log_path, process)
@@ -56,6 +59,25 @@ class ProcessGroup:
                 child.process.wait(timeout=5)
         for child in self.children:  # stragglers a child left in its group
             _signal_group(child.process, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
+    """A `preexec_fn` that has Linux send `sig` to the child when the process that started it
+    dies, however it dies (SIGKILL included), so that nothing outlives the lab or a test
+    run. None elsewhere than Linux (there, only an orderly stop cleans up)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

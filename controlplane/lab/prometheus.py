@@ -1,10 +1,16 @@
 """Prometheus in the lab, when its binary is installed: the shipped config, copied beside the
-target files the control plane writes, and the command line to run it."""
+target files the control plane writes, the command line to run it, and the start itself."""
 
 from __future__ import annotations
 
 import shutil
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+
+from controlplane.lab.processes import ProcessGroup
 
 CONFIG = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "prometheus.yml"
 
@@ -21,3 +27,56 @@ def prometheus_argv(var_dir: Path, listen: str, binary: str | None = None) -> li
     shutil.copyfile(CONFIG, config)
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
             "--storage.tsdb.retention.time=2d", f"--web.listen-address={listen}"]
+
+
+def start_prometheus(group: ProcessGroup, var_dir: Path, host: str, port: int,
+                     say: Callable[[str], None] = print, ready_s: float = 30.0) -> str | None:
+    """Start Prometheus as one of the group's children and return its URL once it is ready;
+    None (and nothing left running) when it is not installed or does not become ready. A busy
+    `port` (another Prometheus, another lab) gives way to a free one."""
+    if shutil.which("prometheus") is None:
+        return None
+    if not port_free(host, port):
+        busy, port = port, free_port(host)
+        say(f"  Prometheus: port {busy} is taken; using {port}")
+    argv = prometheus_argv(var_dir, f"{host}:{port}")
+    if argv is None:
+        return None
+    child = group.start("prometheus", argv)
+    url = f"http://{host}:{port}"
+    if wait_ready(url, ready_s, lambda: child.process.poll() is None):
+        return url
+    child.process.kill()
+    child.process.wait(5)
+    group.children.remove(child)
+    say(f"  Prometheus did not become ready; see {child.log_path}")
+    return None
+
+
+def wait_ready(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Whether Prometheus at `url` answers /-/ready within the time (False once `alive` is)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 WINDOW = "{window}"
+# rate() needs two samples inside its window: 2.5 × the shipped scrape interval (2 s).
+MIN_WINDOW_S = 5
 
 QUERIES: dict[str, str] = {
     "up": 'max by (replica) (up{job="meridian-replicas"})',
@@ -23,4 +25,4 @@ QUERIES: dict[str, str] = {
 
 
 def render(name: str, window_s: int) -> str:
-    return QUERIES[name].replace(WINDOW, f"{max(window_s, 1)}s")
+    return QUERIES[name].replace(WINDOW, f"{max(window_s, MIN_WINDOW_S)}s")

@@ -163,8 +163,10 @@ def _latest_samples(replica_ids: list[int], before: Any = None) -> list[ReplicaS
 
 
 def metrics_source() -> DirectScrapeSource | PrometheusSource:
+    """Prometheus when PROMETHEUS_URL names one (the direct scrape stands in for any call it
+    cannot answer), else the direct scrape."""
     url = os.environ.get("PROMETHEUS_URL")
-    return PrometheusSource(url) if url else DirectScrapeSource()
+    return PrometheusSource(url, fallback=DirectScrapeSource()) if url else DirectScrapeSource()
 
 
 def write_prometheus_targets(directory: Path | None = None) -> Path:

@@ -7,6 +7,8 @@ throughput — as ReplicaStats, so health, autoscaling and the dashboard do not 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +44,7 @@ class Scrape:
 
 
 Parser = Callable[[str], Any]
+log = logging.getLogger(__name__)
 
 
 async def _scrape_one(session: aiohttp.ClientSession, url: str, timeout_s: float,
@@ -72,32 +75,68 @@ def scrape_all(targets: Mapping[str, str], timeout_s: float = 2.0,
     return asyncio.run(scrape_all_async(targets, timeout_s, parse))
 
 
+class PrometheusUnavailable(RuntimeError):
+    """Prometheus did not answer a query, and no fallback source was given."""
+
+
 class PrometheusSource:
-    """Stats from a Prometheus server that scrapes the targets Meridian writes (file SD)."""
+    """Stats from a Prometheus server that scrapes the targets Meridian writes (file SD).
 
-    def __init__(self, url: str) -> None:
+    Every query is one named in `queries.py`, grouped by the `replica` target label and
+    summed (or maxed) over whatever labels the engine adds (vLLM's `engine`, `model_name`).
+    A query that fails (Prometheus down, slow, or answering an error) falls back to
+    `fallback` for the whole call when one is given; otherwise it raises
+    PrometheusUnavailable. No query waits longer than `timeout_s`, and none is retried.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 5.0,
+                 fallback: MetricsSource | None = None) -> None:
         from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
 
-        self.client = PrometheusConnect(url=url, disable_ssl=True)
+        self.url = url
+        self.timeout_s = timeout_s
+        self.fallback = fallback
+        # The client's default retries three times with backoff and has no timeout: a
+        # Prometheus that is down would hold a periodic task for most of a minute.
+        self.client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout_s,
+                                        retry=Retry(total=0))
 
-    def _by_replica(self, name: str, window_s: int) -> dict[str, float]:
+    def query(self, name: str, window_s: int, at: float | None = None) -> dict[str, float]:
+        """The named query's value per replica, now or at the Unix time `at`. Series whose
+        value is not a finite number (NaN from a window without observations) are left out."""
         from controlplane.telemetry.queries import render
 
+        params = {"timeout": f"{self.timeout_s:g}s"}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
         out: dict[str, float] = {}
-        for series in self.client.custom_query(render(name, window_s)):
+        for series in self.client.custom_query(render(name, window_s), params=params):
             replica = series["metric"].get("replica")
             value = float(series["value"][1])
-            if replica and value == value:  # NaN when a window saw no observations
+            if replica and math.isfinite(value):
                 out[replica] = value
         return out
 
     def replica_stats(self, targets: Mapping[str, str], window_s: int) -> dict[str, ReplicaStats]:
-        values = {name: self._by_replica(name, window_s) for name in (
-            "up", "running", "waiting", "kv_usage", "ttft_p95_s", "itl_p95_s", "prompt_tps",
-            "generation_tps")}
+        from prometheus_api_client import PrometheusApiClientException
+        from requests import RequestException
+
+        from controlplane.telemetry.queries import QUERIES
+
+        try:
+            values = {name: self.query(name, window_s) for name in QUERIES}
+        except (RequestException, PrometheusApiClientException, KeyError, ValueError) as exc:
+            reason = f"Prometheus at {self.url} did not answer: {type(exc).__name__}: {exc}"
+            if self.fallback is None:
+                raise PrometheusUnavailable(reason[:500]) from exc
+            log.warning("%s; reading the direct scrape instead", reason[:500])
+            return self.fallback.replica_stats(targets, window_s)
         stats = {}
         for replica in targets:
             up = values["up"].get(replica, 0.0) >= 1
+            error = "" if up else ("Prometheus reports the target down" if replica in values["up"]
+                                   else "not among Prometheus's targets yet")
             stats[replica] = ReplicaStats(
                 up=up,
                 running=values["running"].get(replica, 0.0),
@@ -107,6 +146,6 @@ class PrometheusSource:
                 itl_p95_s=values["itl_p95_s"].get(replica),
                 prompt_tps=values["prompt_tps"].get(replica, 0.0),
                 generation_tps=values["generation_tps"].get(replica, 0.0),
-                error="" if up else "Prometheus reports the target down",
+                error=error,
             )
         return stats
