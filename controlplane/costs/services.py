@@ -1,9 +1,12 @@
 """Costs: what a replica costs per hour, who used it, and what each tenant has spent.
 
 - A replica's $/h is its offer's price (spot when it runs on spot and the offer has a spot
-  price) × the nodes it spans, ceil(TP × PP ÷ GPUs per node), at least one — the same sizing
-  provisioning launches (`provisioning.services.spec_for`). `replica_usd_h_sql` is that rule
-  in SQL for aggregates; `usd_h_for` is it in Python. Both are used everywhere a $/h shows.
+  price) × the nodes it spans, `deployments.shape.replica_nodes` — the rule placement sizes
+  offers by and provisioning launches (`provisioning.services.spec_for`). A layout its
+  offer's nodes cannot hold has no node count: provisioning refuses to launch it, and it has
+  no $/h (0 in Python, NULL in SQL, as for a replica without an offer).
+  `replica_usd_h_sql` is that rule in SQL for aggregates; `usd_h_for` is it in Python. Both
+  are used everywhere a $/h shows.
 - The edges count tokens per (model, region, tenant); `record_usage` adds each scrape's
   growth to hourly `TokenUsage` rows in one INSERT … ON CONFLICT DO UPDATE.
 - `rollup_hour` prices each (model, region) for an hour — Σ replica $/h × the part of the
@@ -29,13 +32,15 @@ from django.db.models import (
     DecimalField,
     ExpressionWrapper,
     F,
+    IntegerField,
     Q,
     QuerySet,
     Sum,
     Value,
     When,
 )
-from django.db.models.functions import Greatest
+from django.db.models.functions import Mod
+from django.db.models.lookups import GreaterThan
 from django.utils import timezone
 
 from controlplane.core.locks import lock_id
@@ -44,6 +49,7 @@ from controlplane.costs.models import CostRollup, RollupHour, TokenUsage
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.deployments.shape import replica_nodes
 
 HOUR = timedelta(hours=1)
 USD_PLACES = Decimal("0.000001")
@@ -61,20 +67,16 @@ TOKEN_LABELS = ("model", "region", "tenant", "kind")
 
 # -- $/h of a replica -----------------------------------------------------------------------
 
-def replica_nodes(tensor_parallel: int, pipeline_parallel: int, gpus_per_node: int) -> int:
-    """Nodes a replica spans: enough of the offer's nodes for every TP × PP rank. Pure."""
-    if gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node must be at least 1, got {gpus_per_node}")
-    return max(1, -(-tensor_parallel * pipeline_parallel // gpus_per_node))
-
-
 def usd_h_for(offer: Any, spot: bool, tensor_parallel: int, pipeline_parallel: int) -> Decimal:
-    """$/h of one replica of a deployment with this TP × PP on `offer` (None: no price)."""
+    """$/h of one replica of a deployment with this TP × PP on `offer`; 0 when there is no
+    price: no offer, or nodes that cannot hold the layout (it is never launched)."""
     if offer is None:
         return Decimal(0)
+    nodes = replica_nodes(tensor_parallel, pipeline_parallel, offer.gpus_per_node)
+    if nodes is None:
+        return Decimal(0)
     price = offer.spot_usd_h if spot and offer.spot_usd_h is not None else offer.on_demand_usd_h
-    return Decimal(price) * replica_nodes(tensor_parallel, pipeline_parallel,
-                                          offer.gpus_per_node)
+    return Decimal(price) * nodes
 
 
 def replica_usd_h_sql(replica: str = "", deployment: str = "deployment__") -> ExpressionWrapper:
@@ -88,10 +90,18 @@ def replica_usd_h_sql(replica: str = "", deployment: str = "deployment__") -> Ex
              then=F(f"{replica}offer__spot_usd_h")),
         default=F(f"{replica}offer__on_demand_usd_h"),
     )
+    tp, pp = f"{deployment}tensor_parallel", f"{deployment}pipeline_parallel"
     gpus = F(f"{replica}offer__gpus_per_node")
-    ranks = F(f"{deployment}tensor_parallel") * F(f"{deployment}pipeline_parallel")
     # Integer division rounds down, so (a + b - 1) / b is the ceiling of a / b.
-    nodes = Greatest(Value(1), (ranks + gpus - Value(1)) / gpus)
+    ceil = (F(tp) * F(pp) + gpus - Value(1)) / gpus
+    # `replica_nodes` in SQL: NULL where the offer's nodes cannot hold the layout.
+    nodes = Case(
+        When(Q(**{f"{tp}__lt": 1}) | Q(**{f"{pp}__lt": 1})
+             | Q(**{f"{replica}offer__gpus_per_node__lt": 1}), then=Value(None)),
+        When(Q(**{f"{tp}__gt": gpus}), then=Value(None)),  # a TP group crosses a node
+        When(GreaterThan(Mod(F(pp), ceil), 0), then=Value(None)),  # stages do not split
+        default=ceil, output_field=IntegerField(),
+    )
     return ExpressionWrapper(price * nodes,
                              output_field=DecimalField(max_digits=14, decimal_places=4))
 
@@ -284,7 +294,7 @@ def replica_costs(hour: datetime, now: datetime) -> dict[tuple[str, str], GroupC
     for row in rows:
         interval = billed_interval(row["created_at"], row["terminated_at"], row["state"],
                                    row["state_changed_at"], now)
-        if interval is None:
+        if interval is None or row["usd_h"] is None:  # no price: nodes cannot hold its layout
             continue
         seconds = overlap_s(interval[0], interval[1], hour, end)
         if seconds <= 0:

@@ -15,7 +15,8 @@ heads must divide by tp, and the KV heads must divide by tp or tp by them. TP st
 node; pipeline parallelism (PP) stages split evenly over the nodes. A deployment sets its TP
 and PP and every replica is launched with them as one `vllm serve` engine (provisioning
 starts no data-parallel engines), so `replica_shape` sizes exactly that engine on an offer's
-nodes: ⌈tp × pp ÷ GPUs per node⌉ nodes, all paid for, and GPUs beyond tp × pp sit idle.
+nodes: `replica_nodes` (`deployments/shape.py`, the rule provisioning launches and costs
+bill by) = ⌈tp × pp ÷ GPUs per node⌉ nodes, all paid for, and GPUs beyond tp × pp sit idle.
 `parallel_layout` finds the smallest layout that fits, for choosing a deployment's settings.
 
 Speed. Decode is memory-bound: every step reads the active weights once and the KV cache of
@@ -36,6 +37,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+# The node-count rule is shared with provisioning and costs, siblings of placement, so it
+# lives below them all; placement re-exports it with the rest of the capacity model.
+from controlplane.deployments.shape import replica_nodes as replica_nodes
 
 GIB = 1024**3
 DTYPE_BYTES: Mapping[str, float] = {
@@ -217,21 +222,6 @@ class ThroughputProfile:
 
 
 DEFAULT_PROFILE = ThroughputProfile()
-
-
-def replica_nodes(tensor_parallel: int, pipeline_parallel: int, gpus_per_node: int
-                  ) -> int | None:
-    """Nodes of `gpus_per_node` GPUs that one engine of tp × pp ranks is launched on, or None
-    when such nodes cannot hold it: a TP group stays inside one node, and pipeline stages
-    split evenly over the nodes. Provisioning launches replicas on exactly this many."""
-    if min(tensor_parallel, pipeline_parallel, gpus_per_node) < 1:
-        return None
-    if tensor_parallel > gpus_per_node:
-        return None
-    nodes = -(-tensor_parallel * pipeline_parallel // gpus_per_node)
-    if pipeline_parallel % nodes:
-        return None
-    return nodes
 
 
 def replica_shape(model: ModelSpec, gpu: GpuSpec, gpus_per_node: int, context: int,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.placement import explain
+from controlplane.placement.capacity import replica_nodes
 from controlplane.placement.fleet import Fleet, usage
 from controlplane.placement.milp import DeploymentPlan
 from controlplane.placement.problem import (
@@ -109,10 +110,13 @@ def _running_price(e: ExistingReplica, o: OfferOption | None, d: DeploymentReque
     nodes = 1
     if d is not None:
         shape = fleet.index.shape(d, o)
-        # A replica its offer's nodes cannot hold (launched before its settings changed)
-        # is priced as provisioning sized it: enough nodes for every rank.
-        nodes = shape.nodes if shape else max(
-            1, -(-d.tensor_parallel * d.pipeline_parallel // o.gpus_per_node))
+        # Where the deployment's engine does not fit the offer's GPUs, nodes as provisioning
+        # sizes it; where the nodes cannot hold its layout at all, no price, as costs bill it.
+        sized = shape.nodes if shape else replica_nodes(
+            d.tensor_parallel, d.pipeline_parallel, o.gpus_per_node)
+        if sized is None:
+            return 0.0
+        nodes = sized
     price = o.spot_usd_h if e.spot and o.spot_usd_h is not None else o.on_demand_usd_h
     return price * nodes
 

@@ -18,10 +18,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
-from controlplane.costs.services import replica_nodes as launched_nodes
 from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.deployments.shape import replica_nodes
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
@@ -97,14 +97,21 @@ def handle_json(handle: ProviderHandle) -> dict[str, Any]:
 
 def spec_for(replica: Replica) -> ReplicaSpec:
     """What the provider launches: one engine with the deployment's TP × PP on the replica's
-    offer, the layout the placement solver sized and priced the offer for."""
+    offer, the layout the placement solver sized and priced the offer for. ProviderError
+    ('invalid') when the offer's nodes cannot hold that layout."""
     deployment = replica.deployment
     offer = replica.offer
     tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
     gpus = offer.gpus_per_node if offer else tp
-    # Enough nodes for every rank, the nodes costs bill (where they cannot hold the layout,
-    # e.g. a plan older than a settings change, the provider's own checks refuse it by name).
-    nodes = launched_nodes(tp, pp, gpus)
+    accelerator = offer.gpu_type.skypilot_name if offer else "H100"
+    # The nodes the solver sized and costs bill. Nodes that cannot hold the layout (say, a
+    # plan older than a settings change) are refused here, before any provider is asked.
+    nodes = replica_nodes(tp, pp, gpus)
+    if nodes is None:
+        raise ProviderError("invalid", (
+            f"{gpus}× {accelerator} nodes cannot hold {deployment.name}'s engine "
+            f"(tensor_parallel {tp} × pipeline_parallel {pp}): a TP group stays in one node "
+            "and pipeline stages split evenly over the nodes"))
     return ReplicaSpec(
         replica_id=replica.public_id,
         deployment=deployment.name,
@@ -112,7 +119,7 @@ def spec_for(replica: Replica) -> ReplicaSpec:
         served_model_name=deployment.served_model_name,
         cloud=replica.region.cloud.skypilot_name or replica.region.cloud.name,
         region=replica.region.code,
-        accelerator=offer.gpu_type.skypilot_name if offer else "H100",
+        accelerator=accelerator,
         gpus_per_node=gpus,
         nodes=nodes,
         use_spot=replica.spot,

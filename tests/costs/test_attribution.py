@@ -6,8 +6,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import SimpleNamespace
 
-import pytest
-
 from controlplane.costs import services
 from controlplane.costs.services import Share
 
@@ -16,16 +14,14 @@ def t(hour: int, minute: int = 0, second: int = 0, day: int = 20) -> datetime:
     return datetime(2026, 11, day, hour, minute, second, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(("tp", "pp", "gpus", "nodes"), [
-    (1, 1, 1, 1), (1, 1, 8, 1), (8, 1, 8, 1), (8, 2, 8, 2), (4, 1, 1, 4), (3, 1, 2, 2),
-])
-def test_replica_nodes(tp: int, pp: int, gpus: int, nodes: int) -> None:
-    assert services.replica_nodes(tp, pp, gpus) == nodes
-
-
-def test_replica_nodes_refuses_a_node_without_gpus() -> None:
-    with pytest.raises(ValueError, match="gpus_per_node"):
-        services.replica_nodes(1, 1, 0)
+def test_a_layout_the_nodes_cannot_hold_has_no_price() -> None:
+    # The node count is placement's and provisioning's (deployments.shape.replica_nodes):
+    # a TP group wider than a node, or stages that do not split evenly, is never launched.
+    eight = SimpleNamespace(on_demand_usd_h=Decimal("98.32"), spot_usd_h=None, gpus_per_node=8)
+    assert services.usd_h_for(eight, False, 4, 4) == Decimal("196.64")
+    assert services.usd_h_for(eight, False, 4, 3) == 0
+    one = SimpleNamespace(on_demand_usd_h=Decimal("2.5"), spot_usd_h=None, gpus_per_node=1)
+    assert services.usd_h_for(one, False, 4, 1) == 0
 
 
 def test_usd_h_is_the_offer_price_per_node_times_nodes() -> None:

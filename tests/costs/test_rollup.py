@@ -120,12 +120,17 @@ def test_rollup_of_the_current_hour_counts_up_to_now(tenants, make_deployment, m
 
 @pytest.mark.django_db
 def test_rollup_prices_spot_and_multi_node_replicas(tenants, make_deployment, make_replica) -> None:  # type: ignore[no-untyped-def]
-    big = make_deployment("big", served="big", tp=2, pp=2)  # 4 ranks on 1-GPU nodes: 4 nodes
+    big = make_deployment("big", served="big", tp=1, pp=4)  # 4 stages on 1-GPU nodes: 4 nodes
     make_replica(big, "fra", H10 - timedelta(hours=1), spot=True)
+    # TP 2 cannot run on 1-GPU nodes: never launched, so nothing is billed for it.
+    wide = make_deployment("wide", served="wide", tp=2, pp=2)
+    make_replica(wide, "fra", H10 - timedelta(hours=1))
     services.rollup_hour(H10, now=H10 + timedelta(hours=2))
     assert rows() == {("big", FRA, ""): (0, 0, FRA_H100 / 2 * 4)}
-    replica = Replica.objects.annotate(usd_h=services.replica_usd_h_sql()).get()
-    assert replica.usd_h == services.usd_h_for(replica.offer, True, 2, 2) == FRA_H100 * 2
+    replica = Replica.objects.annotate(usd_h=services.replica_usd_h_sql()).get(deployment=big)
+    assert replica.usd_h == services.usd_h_for(replica.offer, True, 1, 4) == FRA_H100 * 2
+    replica = Replica.objects.annotate(usd_h=services.replica_usd_h_sql()).get(deployment=wide)
+    assert replica.usd_h is None and services.usd_h_for(replica.offer, False, 2, 2) == 0
 
 
 @pytest.mark.django_db

@@ -147,6 +147,7 @@ def test_the_configured_tensor_parallelism_is_the_one_sized():
         (2, 1, 1, None),  # a TP group stays inside one node
         (8, 1, 4, None),
         (4, 3, 8, None),  # 12 ranks on two 8-GPU nodes: three stages do not split over two
+        (4, 1, 1, None), (3, 1, 2, None), (1, 1, 0, None), (0, 1, 8, None),
     ],
 )
 def test_nodes_a_layout_is_launched_on(tp, pp, per_node, nodes):  # type: ignore[no-untyped-def]

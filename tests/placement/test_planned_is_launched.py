@@ -8,14 +8,16 @@ from decimal import Decimal
 import pytest
 import yaml
 
-from controlplane.costs.services import usd_h_for
+from controlplane.costs.services import replica_usd_h_sql, usd_h_for
 from controlplane.deployments.models import Replica
-from controlplane.plans import apply as plans
-from controlplane.placement.capacity import GpuSpec, replica_shape
+from controlplane.deployments.models import ReplicaState as S
+from controlplane.placement.capacity import GpuSpec, replica_nodes, replica_shape
 from controlplane.placement.models import ChangeAction, PlanStatus
 from controlplane.placement.proposals import model_spec, propose_plan
+from controlplane.plans import apply as plans
+from controlplane.provisioning.base import ProviderError
 from controlplane.provisioning.local import LocalProvider
-from controlplane.provisioning.services import spec_for
+from controlplane.provisioning.services import launch, spec_for
 from controlplane.provisioning.skypilot import render_replica_task
 from regions.models import Offer
 from tests.api.test_endpoints_crud import make_deployment
@@ -97,3 +99,50 @@ def test_a_pipelined_engine_is_planned_and_launched_over_several_nodes(catalog, 
     assert (spec.gpus_per_node, spec.nodes, spec.tensor_parallel, spec.pipeline_parallel) == (
         1, 3, 1, 3)
 
+
+
+@pytest.mark.parametrize(("pp", "nodes"), [
+    (4, 2),  # 16 ranks: two 8-GPU nodes, two stages on each
+    (3, None),  # 12 ranks: two nodes, but three stages do not split over two
+])
+def test_one_node_count_places_launches_and_bills_a_layout(catalog, tenants, sent_tasks,  # type: ignore[no-untyped-def]
+                                                            pp, nodes):
+    """TP 4 on 8×H100 nodes: the solver, provisioning and costs count nodes by one rule, so
+    a layout is placed, launched and billed on the same nodes, or refused by all three."""
+    d = make_deployment({**catalog, **tenants}, "chat-eu")
+    d.min_replicas, d.max_replicas = 1, 1
+    d.tensor_parallel, d.pipeline_parallel = 4, pp
+    d.save()
+    h100x8 = Offer.objects.create(region=catalog["fra"], gpu_type=catalog["h100"],
+                                  gpus_per_node=8, instance_type="p5.48xlarge",
+                                  on_demand_usd_h=Decimal("98.32"),
+                                  observed_at=catalog["fra"].offers.first().observed_at)
+    assert replica_nodes(4, pp, 8) == nodes
+    plan = propose_plan([d], actor="tester", trigger="test")
+    if nodes is None:
+        # Placement: no option; provisioning: refused by name; costs: no $/h.
+        assert plan.status == PlanStatus.INFEASIBLE
+        assert "8× H100 nodes cannot hold chat-eu's engine (tp 4 × pp 3" in plan.explanation
+        replica = Replica.objects.create(deployment=d, region=catalog["fra"], offer=h100x8)
+        with pytest.raises(ProviderError, match="8× H100 nodes cannot hold chat-eu's engine"):
+            spec_for(replica)
+        launch(replica.pk)
+        replica.refresh_from_db()
+        assert replica.state == S.FAILED and "cannot hold" in replica.last_error
+        assert usd_h_for(h100x8, False, 4, pp) == 0
+        assert Replica.objects.annotate(usd_h=replica_usd_h_sql()).get().usd_h is None
+        return
+    (change,) = plan.changes.all()
+    assert change.offer_id == h100x8.pk and f"over {nodes} nodes" in change.reason
+    plans.approve(plan.pk, "tester")
+    plans.start_apply(plan.pk, "tester")
+    replica = Replica.objects.select_related(
+        "deployment__model", "region__cloud", "offer__gpu_type").get(deployment=d)
+    spec = spec_for(replica)
+    assert (spec.gpus_per_node, spec.nodes, spec.tensor_parallel, spec.pipeline_parallel) == (
+        8, nodes, 4, pp)
+    task = yaml.safe_load(render_replica_task(spec))
+    assert task["num_nodes"] == nodes and task["resources"]["accelerators"] == "H100:8"
+    billed = Decimal("98.32") * nodes
+    assert change.usd_h_delta == usd_h_for(h100x8, False, 4, pp) == billed
+    assert Replica.objects.annotate(usd_h=replica_usd_h_sql()).get().usd_h == billed
