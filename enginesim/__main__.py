@@ -35,6 +35,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="fixes the generated text")
     parser.add_argument("--api-key", nargs="+",
                         help="bearer key(s) the /v1 endpoints require (or $VLLM_API_KEY)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="report usage.prompt_tokens_details (cached_tokens), as vLLM does "
+                             "only with this flag")
+    parser.add_argument("--enable-scale-out", action="store_true",
+                        help="serve /v1/chat/completions/render and /v1/completions/render")
     parser.add_argument("--fault", choices=[m for m in MODES if m != "die"], default="none",
                         help="start with a fault injected (change it with POST /sim/faults)")
     parser.add_argument("--fault-status", type=int, default=503)
@@ -66,7 +71,9 @@ def main(argv: list[str] | None = None) -> None:
                         args.max_model_len, args.max_num_seqs, args.kv_cache_tokens, args.seed,
                         max_num_batched_tokens=args.max_num_batched_tokens, faults=faults,
                         api_keys=[k for k in args.api_key or [os.environ.get("VLLM_API_KEY", "")]
-                                  if k])
+                                  if k],
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        enable_scale_out=args.enable_scale_out)
     except ValueError as exc:
         parser_error(str(exc))
     import gc

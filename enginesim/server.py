@@ -1,8 +1,10 @@
 """HTTP handlers: vLLM's OpenAI server surface, plus the simulator's admin endpoints.
 
-Served: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-GET /metrics; and GET/POST /sim/faults (fault injection) and GET /sim/state (the
-scheduler's queues and KV cache, for tests and the curious). Other paths answer like
+Served: GET /health, GET /version, GET /v1/models, POST /v1/completions,
+POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /metrics; with
+--enable-scale-out also POST /v1/chat/completions/render and /v1/completions/render (without
+it they answer 403, as vLLM's do); and GET/POST /sim/faults (fault injection) and
+GET /sim/state (the scheduler's queues and KV cache, for tests and the curious). Other paths answer like
 Starlette does in vLLM (`{"detail": "Not Found"}`). With API keys configured, /v1 paths
 want `Authorization: Bearer <key>` and answer 401 `{"error": "Unauthorized"}` otherwise,
 as vLLM's AuthenticationMiddleware does; /health and /metrics stay open.
@@ -28,34 +30,49 @@ from aiohttp import web
 from enginesim.engine import Engine
 from enginesim.faults import FaultError, Faults, parse_faults
 from enginesim.metrics import EngineMetrics
+from enginesim.prefix_cache import BLOCK_TOKENS
 from enginesim.profiles import Profile
 from enginesim.protocol import (
     DONE,
+    SCALE_OUT_DISABLED,
+    VLLM_VERSION,
     ApiError,
+    CacheDetails,
     GenerationRequest,
     StreamFrames,
     check_context,
     dumps,
     models_body,
+    not_found,
+    parse_detokenize,
     parse_generation,
+    parse_json,
+    parse_tokenize,
     random_uuid,
+    render_body,
+    sampling_params,
+    system_fingerprint,
     whole_body,
 )
 from enginesim.scheduler import Scheduler, Sequence
 from enginesim.tokenizer import (
     block_hashes,
-    count_tokens,
+    decode,
+    encode,
     generated_text,
     generation_offset,
     natural_length,
+    pieces,
     token_index,
 )
 
 JSON = "application/json"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Paths served above; another method on them is 405, as Starlette answers.
-ROUTED_PATHS = frozenset({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                          "/metrics", "/sim/state"})
+ROUTED_PATHS = frozenset({"/health", "/version", "/v1/models", "/v1/completions",
+                          "/v1/chat/completions", "/tokenize", "/detokenize",
+                          "/v1/chat/completions/render", "/v1/completions/render", "/metrics",
+                          "/sim/state"})
 
 
 @dataclass
@@ -68,6 +85,20 @@ class ServerConfig:
     # SHA-256 digests of the accepted API keys; empty: no authentication, as vllm serve
     # without --api-key.
     api_key_digests: tuple[bytes, ...] = ()
+    # vllm serve's flags of the same names: usage.prompt_tokens_details (cached_tokens) and
+    # the render endpoints are off unless asked for.
+    enable_prompt_tokens_details: bool = False
+    enable_scale_out: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        return system_fingerprint(self.model)
+
+    def cache_details(self, seq: Sequence) -> CacheDetails | None:
+        if not self.enable_prompt_tokens_details:
+            return None
+        full_blocks = seq.prompt_len // BLOCK_TOKENS * BLOCK_TOKENS
+        return CacheDetails(seq.num_cached, max(full_blocks - seq.num_cached, 0))
 
     def authorized(self, header: str | None) -> bool:
         if not self.api_key_digests:
@@ -97,11 +128,12 @@ class StreamOutput:
     """A streamed request: each token's frame is written to the socket as it is sampled."""
 
     __slots__ = ("done", "max_tokens_param", "frames", "offset", "include_usage", "transport",
-                 "chunked", "engine")
+                 "chunked", "engine", "config")
 
     def __init__(self, done: asyncio.Future[None], max_tokens_param: int | None,
                  frames: StreamFrames, offset: int, include_usage: bool,
-                 transport: asyncio.Transport, chunked: bool, engine: Engine) -> None:
+                 transport: asyncio.Transport, chunked: bool, engine: Engine,
+                 config: ServerConfig) -> None:
         self.done = done
         self.max_tokens_param = max_tokens_param
         self.frames = frames
@@ -110,6 +142,7 @@ class StreamOutput:
         self.transport = transport
         self.chunked = chunked
         self.engine = engine
+        self.config = config
 
     def deliver(self, seq: Sequence) -> None:
         transport = self.transport
@@ -122,12 +155,16 @@ class StreamOutput:
         position = seq.num_output - 1
         reason = seq.finish_reason
         vocab = None if reason == "stop" else token_index(self.offset, position)
-        data = frames.token(vocab, reason, seq.num_output)
+        if reason is None:
+            data = frames.token(vocab, None, seq.num_output)
+        else:
+            data = frames.token(vocab, reason, seq.num_output, not self.include_usage)
         if position == 0 and frames.chat:
             data = frames.role() + data
         if reason is not None:
             if self.include_usage:
-                data += frames.usage(seq.prompt_len, seq.num_output)
+                data += frames.usage(seq.prompt_len, seq.num_output,
+                                     self.config.cache_details(seq))
             data += DONE
         if self.chunked:
             # Concatenation, not %-formatting with a tuple: nothing the cyclic GC tracks is
@@ -169,6 +206,9 @@ class EngineServer:
             return web.Response(status=faults.status)
         return web.Response(status=200)
 
+    async def version(self, request: web.Request) -> web.Response:
+        return web.Response(body=dumps({"version": VLLM_VERSION}), content_type=JSON)
+
     async def models(self, request: web.Request) -> web.Response:
         cfg = self.config
         return web.Response(body=models_body(cfg.served_model_names, cfg.model,
@@ -193,33 +233,23 @@ class EngineServer:
                                    f"mode 'fail', status {status}).", _error_type(status)))
         arrival = time.monotonic()
         try:
-            body = await request.json()
-        except ValueError as exc:
-            return _error(ApiError(400, f"The request body is not valid JSON: {exc}",
-                                   "Bad Request"))
-        model = body.get("model") if isinstance(body, dict) else None
-        if model is not None and model not in cfg.served_model_names:
-            return _error(ApiError(404, f"The model `{model}` does not exist.",
-                                   "NotFoundError", "model"))
-        try:
+            body = await self._body(request)
             parsed = parse_generation(body, chat)
-            prompt_tokens = count_tokens(parsed.prompt)
-            check_context(prompt_tokens, parsed.max_tokens, cfg.max_model_len)
+            max_tokens = check_context(parsed, cfg.max_model_len)
         except ApiError as exc:
             return _error(exc)
+        prompt_tokens = parsed.prompt_tokens
         prefix = "chatcmpl-" if chat else "cmpl-"
         request_id = prefix + request.headers.get("X-Request-Id", random_uuid())
         created = int(time.time())
         served = cfg.served_model_names[0]
         offset = generation_offset(cfg.seed, parsed.seed, parsed.prompt)
-        max_tokens = (parsed.max_tokens if parsed.max_tokens is not None
-                      else cfg.max_model_len - prompt_tokens)
         seq = Sequence(prompt_tokens, block_hashes(parsed.prompt), max_tokens,
                        _eos_at(parsed, offset), arrival)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not parsed.stream:
             seq.payload = WholeOutput(done, parsed.max_tokens)
-            return await self._answer_whole(seq, done, chat, request_id, created, served,
+            return await self._answer_whole(seq, done, parsed, request_id, created, served,
                                             offset)
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -228,10 +258,10 @@ class EngineServer:
         if writer is None or transport is None:
             return response
         frames = StreamFrames(chat, request_id, created, served, parsed.continuous_usage,
-                              prompt_tokens)
+                              prompt_tokens, parsed.role, cfg.fingerprint)
         seq.payload = StreamOutput(done, parsed.max_tokens, frames, offset,
                                    parsed.include_usage, transport,
-                                   bool(getattr(writer, "chunked", False)), self.engine)
+                                   bool(getattr(writer, "chunked", False)), self.engine, cfg)
         self.engine.submit(seq)
         try:
             await done
@@ -242,9 +272,9 @@ class EngineServer:
             await response.write_eof()
         return response
 
-    async def _answer_whole(self, seq: Sequence, done: asyncio.Future[None], chat: bool,
-                            request_id: str, created: int, served: str,
-                            offset: int) -> web.Response:
+    async def _answer_whole(self, seq: Sequence, done: asyncio.Future[None],
+                            parsed: GenerationRequest, request_id: str, created: int,
+                            served: str, offset: int) -> web.Response:
         self.engine.submit(seq)
         try:
             await done
@@ -253,8 +283,68 @@ class EngineServer:
                 self.engine.abort(seq)
         reason = seq.finish_reason or "abort"
         text = generated_text(offset, seq.num_output, reason == "stop")
-        return web.Response(body=whole_body(chat, request_id, created, served, text, reason,
-                                            seq.prompt_len, seq.num_output), content_type=JSON)
+        cfg = self.config
+        return web.Response(body=whole_body(parsed.chat, request_id, created, served, text,
+                                            reason, seq.prompt_len, seq.num_output,
+                                            cfg.cache_details(seq), parsed.role,
+                                            cfg.fingerprint), content_type=JSON)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        """The JSON body, its model checked against the served names."""
+        body = parse_json(await request.read())
+        model = body.get("model")
+        if model is not None and model not in self.config.served_model_names:
+            raise not_found(str(model), self.config.served_model_names)
+        return body
+
+    # -- tokenizer and render endpoints ------------------------------------------------------
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            text, return_strs = parse_tokenize(await self._body(request))
+        except ApiError as exc:
+            return _error(exc)
+        tokens = encode(text)
+        return web.Response(body=dumps({
+            "count": len(tokens), "max_model_len": self.config.max_model_len,
+            "tokens": tokens, "token_strs": pieces(text) if return_strs else None}),
+            content_type=JSON)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            tokens = parse_detokenize(await self._body(request))
+        except ApiError as exc:
+            return _error(exc)
+        return web.Response(body=dumps({"prompt": decode(tokens)}), content_type=JSON)
+
+    async def chat_render(self, request: web.Request) -> web.Response:
+        return await self._render(request, chat=True)
+
+    async def completion_render(self, request: web.Request) -> web.Response:
+        return await self._render(request, chat=False)
+
+    async def _render(self, request: web.Request, chat: bool) -> web.Response:
+        """What the request would be given to the engine as: its token ids and sampling
+        parameters (vLLM's scale-out render endpoints; nothing is generated)."""
+        cfg = self.config
+        if not cfg.enable_scale_out:
+            return _error(ApiError(403, SCALE_OUT_DISABLED, "PermissionDeniedError"))
+        try:
+            body = await self._body(request)
+            parsed = parse_generation(body, chat)
+            max_tokens = check_context(parsed, cfg.max_model_len)
+            params = sampling_params(body, max_tokens if chat or parsed.max_tokens is not None
+                                     else None, parsed.stream)
+        except ApiError as exc:
+            return _error(exc)
+        if parsed.from_ids:
+            raw = body["prompt"]
+            ids = list(raw[0] if isinstance(raw[0], list) else raw)
+        else:
+            ids = encode(parsed.prompt)
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        rendered = render_body(prefix + request.headers.get("X-Request-Id", random_uuid()),
+                               ids, params, cfg.served_model_names[0], body, parsed.stream)
+        return web.Response(body=dumps(rendered if chat else [rendered]), content_type=JSON)
 
     # -- the simulator's admin endpoints ---------------------------------------------------
     async def faults(self, request: web.Request) -> web.Response:
@@ -321,7 +411,9 @@ def build_app(profile: Profile, model: str, served_model_name: str | list[str],
               kv_cache_tokens: int | None = None, seed: int = 0, *,
               max_num_batched_tokens: int | None = None,
               faults: Faults | None = None,
-              api_keys: list[str] | None = None) -> web.Application:
+              api_keys: list[str] | None = None,
+              enable_prompt_tokens_details: bool = False,
+              enable_scale_out: bool = False) -> web.Application:
     """An aiohttp application serving one simulated engine (its loop starts with the app)."""
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     max_model_len = max_model_len or profile.max_model_len
@@ -335,7 +427,8 @@ def build_app(profile: Profile, model: str, served_model_name: str | list[str],
                           kv_cache_tokens=kv_tokens, max_model_len=max_model_len)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     config = ServerConfig(model, names, max_model_len, seed, faults or Faults(),
-                          tuple(hashlib.sha256(k.encode()).digest() for k in api_keys or ()))
+                          tuple(hashlib.sha256(k.encode()).digest() for k in api_keys or ()),
+                          enable_prompt_tokens_details, enable_scale_out)
 
     async def lifecycle(app: web.Application) -> Any:
         engine = Engine(scheduler, EngineMetrics(names[0], max_model_len))
@@ -359,9 +452,14 @@ def build_app(profile: Profile, model: str, served_model_name: str | list[str],
         return handler
 
     app.router.add_get("/health", route("health"))
+    app.router.add_get("/version", route("version"))
     app.router.add_get("/v1/models", route("models"))
     app.router.add_post("/v1/completions", route("completions"))
     app.router.add_post("/v1/chat/completions", route("chat_completions"))
+    app.router.add_post("/tokenize", route("tokenize"))
+    app.router.add_post("/detokenize", route("detokenize"))
+    app.router.add_post("/v1/chat/completions/render", route("chat_render"))
+    app.router.add_post("/v1/completions/render", route("completion_render"))
     app.router.add_get("/metrics", route("metrics"))
     app.router.add_route("*", "/sim/faults", route("faults"))
     app.router.add_get("/sim/state", route("state"))

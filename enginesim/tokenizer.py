@@ -7,6 +7,14 @@ always has the same count, and two texts that share a prefix share its tokens, w
 prefix caching needs. No token ids are materialised: the prefix cache only needs the chained
 hash of each full 16-token block, taken over the block's 64 characters.
 
+Token ids, for /tokenize, /detokenize and the render endpoints, are made only when asked for:
+a four-character ASCII piece is its characters as a base-128 number (below 2**28), a shorter
+ASCII piece (a prompt's last) has a range of its own above that, and a piece with other
+characters gets an id from a table this process keeps (above 2**29). Every id below 2**28
+therefore decodes to exactly four characters, so a prompt given as token ids, even a real
+tokenizer's, keeps its token count. Ids of ASCII text are the same in every process; an id
+the process never gave out decodes to nothing, as a real tokenizer's unknown id does.
+
 Chat template: each message becomes `<|start_header_id|>{role}<|end_header_id|>\\n\\n{content}
 <|eot_id|>` after a `<|begin_of_text|>`, and the assistant header closes the prompt, as in
 Llama 3's template; list contents keep their text parts.
@@ -79,21 +87,83 @@ def block_hashes(text: str) -> list[int]:
     return hashes
 
 
+_FULL_IDS = 1 << 28          # ids of four-character ASCII pieces: 0 .. 2**28 - 1
+_SHORT_IDS = 1 << 28         # 1-3 character ASCII pieces: _SHORT_IDS + (length-1) * 2**21 + value
+_TABLE_IDS = 1 << 29         # pieces with non-ASCII characters: _TABLE_IDS + table index
+_TABLE_CAP = 1 << 20         # beyond this many distinct such pieces, they share one id
+_table: dict[str, int] = {}
+_table_pieces: list[str] = []
+
+
+def pieces(text: str) -> list[str]:
+    """The text's tokens as text: four characters each, the last possibly shorter."""
+    return [text[i:i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
+
+
+def piece_id(piece: str) -> int:
+    if piece.isascii():
+        value = 0
+        for char in piece:
+            value = (value << 7) | ord(char)
+        if len(piece) == PIECE_CHARS:
+            return value
+        return _SHORT_IDS + ((len(piece) - 1) << 21) + value
+    known = _table.get(piece)
+    if known is None:
+        if len(_table_pieces) >= _TABLE_CAP:
+            return _TABLE_IDS + _TABLE_CAP  # decodes to nothing
+        known = _TABLE_IDS + len(_table_pieces)
+        _table[piece] = known
+        _table_pieces.append(piece)
+    return known
+
+
+def id_piece(token_id: int) -> str:
+    """The text of one token id; an id never given out is empty."""
+    if 0 <= token_id < _FULL_IDS:
+        return "".join(chr((token_id >> shift) & 0x7F) for shift in (21, 14, 7, 0))
+    if _SHORT_IDS <= token_id < _SHORT_IDS + (3 << 21):
+        length = ((token_id - _SHORT_IDS) >> 21) + 1
+        value = (token_id - _SHORT_IDS) & ((1 << 21) - 1)
+        return "".join(chr((value >> (7 * k)) & 0x7F) for k in range(length - 1, -1, -1))
+    index = token_id - _TABLE_IDS
+    return _table_pieces[index] if 0 <= index < len(_table_pieces) else ""
+
+
+def encode(text: str) -> list[int]:
+    return [piece_id(p) for p in pieces(text)]
+
+
+def decode(token_ids: Sequence[int]) -> str:
+    return "".join(id_piece(t) for t in token_ids)
+
+
 class ChatFormatError(ValueError):
-    """The messages cannot be rendered; the message says which one and why."""
+    """The messages cannot be rendered; the message says which one and why, `loc` where
+    (e.g. "messages.0.role", as a validation error's location reads)."""
+
+    def __init__(self, message: str, loc: str = "messages") -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
-def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
+def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
+    """The prompt for `messages`. With `continue_final_message` the last message is left
+    open (no end of turn), so that the model continues its text."""
     parts = [BEGIN]
+    last = len(messages) - 1
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ChatFormatError(f"messages[{i}]: expected an object")
+            raise ChatFormatError(f"messages[{i}]: expected an object", f"messages.{i}")
         role = message.get("role")
         if not isinstance(role, str) or not role:
-            raise ChatFormatError(f"messages[{i}].role: expected a non-empty string")
+            raise ChatFormatError(f"messages[{i}].role: expected a non-empty string",
+                                  f"messages.{i}.role")
         parts.append(HEADER.format(role=role))
         parts.append(_content_text(message.get("content"), i))
-        parts.append(END_OF_TURN)
+        if not (continue_final_message and i == last):
+            parts.append(END_OF_TURN)
     if add_generation_prompt:
         parts.append(HEADER.format(role="assistant"))
     return "".join(parts)
@@ -109,14 +179,15 @@ def _content_text(content: Any, index: int) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise ChatFormatError(f"messages[{index}].content[{j}]: expected an object "
-                                      "with a type")
+                                      "with a type", f"messages.{index}.content.{j}")
             if part["type"] == "text":
                 if not isinstance(part.get("text"), str):
                     raise ChatFormatError(f"messages[{index}].content[{j}].text: expected a "
-                                          "string")
+                                          "string", f"messages.{index}.content.{j}.text")
                 texts.append(part["text"])
         return "\n".join(texts)
-    raise ChatFormatError(f"messages[{index}].content: expected a string or a list of parts")
+    raise ChatFormatError(f"messages[{index}].content: expected a string or a list of parts",
+                          f"messages.{index}.content")
 
 
 def generation_offset(server_seed: int, request_seed: int | None, prompt: str) -> int:

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from typing import Any
 
 import pytest
@@ -31,6 +32,8 @@ from tests.real_engine import start_vllm
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_SERVED = "llama-3.1-8b"
 SIM_MAX_MODEL_LEN = 4096
+# What tools/vllm-cpu gives vllm serve beyond the model: enginesim gets the same.
+SERVE_FLAGS = ("--enable-prompt-tokens-details", "--enable-scale-out")
 
 
 @dataclass(frozen=True)
@@ -49,16 +52,17 @@ class Engine:
                                       headers=headers)
 
     def call(self, method: str, path: str, body: dict[str, Any] | bytes | None = None,
-             timeout: float = 120) -> tuple[int, dict[str, str], bytes]:
-        """Status, headers and body; an HTTP error status is returned, not raised."""
+             timeout: float = 120) -> tuple[int, Message, bytes]:
+        """Status, headers (looked up case-insensitively: vLLM writes them in lower case) and
+        body; an HTTP error status is returned, not raised."""
         try:
             with urllib.request.urlopen(self.request(method, path, body),
                                         timeout=timeout) as response:
-                return response.status, dict(response.headers), response.read()
+                return response.status, response.headers, response.read()
         except urllib.error.HTTPError as exc:
-            return exc.code, dict(exc.headers), exc.read()
+            return exc.code, exc.headers, exc.read()
 
-    def post_json(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    def post_json(self, path: str, body: dict[str, Any] | bytes) -> tuple[int, Any]:
         status, _, raw = self.call("POST", path, body)
         return status, json.loads(raw)
 
@@ -125,7 +129,7 @@ def enginesim_engine() -> Iterator[Engine]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "enginesim", "--port", str(port),
                              "--model", SIM_MODEL, "--served-model-name", SIM_SERVED,
-                             "--max-model-len", str(SIM_MAX_MODEL_LEN)],
+                             "--max-model-len", str(SIM_MAX_MODEL_LEN), *SERVE_FLAGS],
                             stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
     url = f"http://127.0.0.1:{port}"
     try:

@@ -57,7 +57,7 @@ def test_a_completion_stream_ends_with_an_empty_eos_token_when_the_model_stops()
                 chunks = sse_chunks(await response.read())
         last = chunks[-1]["choices"][0]
         assert last["finish_reason"] == "stop" and last["text"] == ""
-        assert all(c["usage"] is None for c in chunks)
+        assert all(c.get("usage") is None for c in chunks)
         assert 32 <= len(chunks) <= 512
     run(scenario())
 
@@ -95,20 +95,28 @@ def test_a_request_without_a_model_goes_to_the_served_one() -> None:
                                        {"prompt": [1, 2, 3], "max_tokens": 2})
         assert status == 200 and reply["model"] == "alias"
         assert reply["usage"] == {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2,
-                                  "prompt_tokens_details": None}
+                                  "prompt_tokens_details": None,
+                                  "completion_tokens_details": None}
     run(scenario())
 
 
 def test_bad_requests_are_refused_with_vllms_status_and_a_message_naming_the_problem() -> None:
     cases: list[tuple[dict[str, Any], str, str]] = [
-        ({"prompt": "x", "stream_options": {"include_usage": True}}, "Bad Request",
-         "Stream options can only be defined when `stream=True`."),
-        ({"prompt": "x", "max_tokens": 0}, "BadRequestError", "max_tokens must be at least 1"),
-        ({"prompt": "x", "max_tokens": "ten"}, "Bad Request", "max_tokens"),
-        ({"prompt": "x" * 400, "max_tokens": 30}, "BadRequestError",
-         "'max_tokens' or 'max_completion_tokens' is too large: 30. This model's maximum "
-         "context length is 128 tokens and your request has 100 input tokens (30 > 128 - 100)."),
-        ({"prompt": ""}, "BadRequestError", "The decoder prompt cannot be empty"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "BadRequestError",
+         "Stream options can only be defined when `stream=True`. (parameter=stream_options)"),
+        ({"prompt": "x", "max_tokens": 0}, "BadRequestError",
+         "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+        ({"prompt": "x", "max_tokens": "ten"}, "Bad Request", "body.max_tokens"),
+        ({"prompt": "x", "max_tokens": 129}, "BadRequestError",
+         "max_tokens=129 cannot be greater than max_model_len=128. Please request fewer "
+         "output tokens. (parameter=max_tokens, value=129)"),
+        ({"prompt": "x" * 600}, "BadRequestError",
+         "This model's maximum context length is 128 tokens. However, your prompt contains "
+         "at least 129 input tokens"),
+        ({"prompt": [7] * 128}, "BadRequestError", "max_tokens must be at least 1, got 0."),
+        ({"prompt": ""}, "BadRequestError",
+         "Either prompt or prompt_embeds must be provided and non-empty."),
+        ({"prompt": "x", "n": 0}, "BadRequestError", "n must be at least 1, got 0."),
         ({"prompt": "x", "n": 2}, "BadRequestError", "n=1"),
     ]
 
@@ -122,6 +130,58 @@ def test_bad_requests_are_refused_with_vllms_status_and_a_message_naming_the_pro
                 assert message in reply["error"]["message"], reply
             async with session.post(base + "/v1/completions", data=b"{not json") as response:
                 assert response.status == 400
+                assert (await response.json())["error"]["param"] == "body.1"
+    run(scenario())
+
+
+def test_max_tokens_is_cut_to_the_room_the_prompt_leaves() -> None:
+    async def scenario() -> None:
+        async with serving(max_model_len=128) as (base, _), aiohttp.ClientSession() as session:
+            status, reply = await post(session, base + "/v1/completions", {
+                "prompt": "x" * 400, "max_tokens": 30, "ignore_eos": True})
+        assert status == 200
+        assert reply["usage"]["completion_tokens"] == 28
+        assert reply["choices"][0]["finish_reason"] == "length"
+    run(scenario())
+
+
+def test_cached_tokens_are_reported_with_the_flag_only() -> None:
+    prompt = {"prompt": "A shared beginning for both requests. " * 20, "max_tokens": 1}
+
+    async def cached(**options: object) -> list[Any]:
+        async with serving(**options) as (base, _), aiohttp.ClientSession() as session:
+            return [(await post(session, base + "/v1/completions", prompt))[1]["usage"]
+                    ["prompt_tokens_details"] for _ in range(2)]
+
+    async def scenario() -> None:
+        assert await cached() == [None, None]
+        cold, warm = await cached(enable_prompt_tokens_details=True)
+        assert cold == {"cached_tokens": 0, "created_cache_tokens": None,
+                        "multimodal_tokens": None}
+        assert warm["cached_tokens"] == 176  # 190 tokens: 11 whole blocks of 16
+    run(scenario())
+
+
+def test_tokenize_detokenize_version_and_render() -> None:
+    async def scenario() -> None:
+        async with serving(enable_scale_out=True) as (base, _), \
+                aiohttp.ClientSession() as session:
+            status, tokens = await post(session, base + "/tokenize",
+                                        {"prompt": "Grüße, edge!", "return_token_strs": True})
+            assert status == 200
+            assert tokens["token_strs"] == ["Grüß", "e, e", "dge!"]
+            _, text = await post(session, base + "/detokenize", {"tokens": tokens["tokens"]})
+            assert text == {"prompt": "Grüße, edge!"}
+            async with session.get(base + "/version") as response:
+                assert await response.json() == {"version": "0.32.0"}
+            status, rendered = await post(session, base + "/v1/chat/completions/render", {
+                "messages": [{"role": "user", "content": "Hi"}]})
+            assert status == 200 and rendered["model"] == "test"
+            assert rendered["sampling_params"]["max_tokens"] == 8192 - len(rendered["token_ids"])
+        async with serving() as (base, _), aiohttp.ClientSession() as session:
+            status, refused = await post(session, base + "/v1/chat/completions/render", {
+                "messages": [{"role": "user", "content": "Hi"}]})
+            assert status == 403 and refused["error"]["type"] == "PermissionDeniedError"
     run(scenario())
 
 

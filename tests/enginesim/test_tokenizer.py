@@ -12,6 +12,8 @@ from enginesim.tokenizer import (
     ChatFormatError,
     block_hashes,
     count_tokens,
+    decode,
+    encode,
     generated_text,
     generation_offset,
     natural_length,
@@ -77,3 +79,22 @@ def test_streamed_tokens_spell_the_whole_text_and_eos_adds_nothing() -> None:
 def test_natural_lengths_vary_within_bounds() -> None:
     lengths = {natural_length(generation_offset(0, None, str(i))) for i in range(200)}
     assert min(lengths) >= 32 and max(lengths) <= 512 and len(lengths) > 50
+
+
+def test_token_ids_round_trip_and_ascii_ids_are_the_same_everywhere() -> None:
+    text = "Hello, Meridian — ünïcode too."
+    ids = encode(text)
+    assert len(ids) == count_tokens(text) and decode(ids) == text
+    assert encode("abcd") == [(97 << 21) | (98 << 14) | (99 << 7) | 100]
+    assert decode(encode("ab")) == "ab" and encode("ab") != encode("ab\x00\x00")
+
+
+def test_every_id_below_2_28_is_four_characters_and_an_unknown_id_is_empty() -> None:
+    assert all(len(decode([i])) == 4 for i in (0, 1, 19556, (1 << 28) - 1))
+    assert decode([(1 << 29) + (1 << 20) + 5]) == ""
+
+
+def test_a_continued_final_message_is_left_open() -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+    assert render_chat(messages, False, True).endswith(
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHel")
