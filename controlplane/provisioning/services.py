@@ -195,6 +195,18 @@ def launch(replica_id: int) -> Replica | None:
     return Replica.objects.get(pk=replica.pk)
 
 
+def _launch_ended(replica: Replica, state: str, message: str, error_kind: str) -> None:
+    """A launch the provider accepted and later reports failed (a SkyPilot launch fails in the
+    API server, after `launch` returned): the replica's launch Operation ends failed, with the
+    error kind and the provider's words in its log."""
+    operation = Operation.objects.filter(replica=replica, kind=OperationKind.LAUNCH).order_by(
+        "-created_at", "-id").first()
+    recorder = (OperationRecorder(operation) if operation is not None
+                else start_operation(OperationKind.LAUNCH, replica.provider, replica))
+    recorder.note(f"provider says {state}: {message}")
+    recorder.finish(False, error_kind or "other")
+
+
 def check(replica_id: int) -> str:
     """Advance a launching replica: provisioning → starting → ready, or failed.
 
@@ -209,6 +221,7 @@ def check(replica_id: int) -> str:
     provider = get_provider(replica.provider)
     status = provider.poll(handle)
     if status.state in ("failed", "terminated"):
+        _launch_ended(replica, status.state, status.message, status.error_kind)
         transition(replica, S.FAILED, actor=SYSTEM, reason=f"provider says {status.state}: "
                    f"{status.message}", last_error=status.message)
         return S.FAILED

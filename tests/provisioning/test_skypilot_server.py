@@ -1,0 +1,313 @@
+"""SkyPilotProvider through SkyPilot's real SDK and a real local API server (`sky api start`),
+with no cloud credentials: what the provider makes of SkyPilot's own answers, not a fake's.
+
+- a rendered replica task's launch fails in the server with SkyPilot's NoCloudAccessError,
+  which becomes error kind `credentials`, in SkyPilot's words, in the launch Operation's log;
+- a cluster SkyPilot does not know: `status` leaves it out (the provider says terminated),
+  `down` raises ClusterDoesNotExist (the provider's terminate is done), `endpoints` fails;
+- a launch that overruns the provider's time limit is cancelled on the server
+  (`sky.api_cancel`; `sky.api_status` then shows it CANCELLED), and terminate cancels a
+  launch still in flight.
+
+The server runs under a throwaway HOME on a free port, with an environment that carries no
+cloud credentials, SkyPilot's catalog seeded for the few offers used (nothing is downloaded),
+and an admin policy (skypilot_stall_policy.py) that holds up launches that ask for it. It is
+stopped when these tests end, however they end (`sky api stop`, then its process group).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.provisioning.base import ProviderError, ProviderHandle
+from controlplane.provisioning.skypilot import SkyPilotProvider, cluster_name_for
+
+from .skypilot_stall_policy import STALL_ENV
+from .test_skypilot import spec
+
+pytestmark = pytest.mark.skypilot_server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SKY = Path(sys.executable).with_name("sky")
+ENGINE_KEY = {"MERIDIAN_ENGINE_API_KEY": "sk-engine-test"}
+# What the server process may see of ours: nothing that could be a cloud credential.
+PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+CATALOG = {
+    "common/accelerators.csv": "AcceleratorName,Clouds\nH100,\"AWS, GCP\"\nL4,\"AWS, GCP\"\n",
+    "common/metadata.csv": "GPU,MemoryGB,Manufacturer\nH100,80,NVIDIA\nL4,24,NVIDIA\n",
+    "aws/vms.csv": (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,"
+        "SpotPrice,Region,AvailabilityZone\n"
+        "p5.4xlarge,H100,1.0,16.0,256.0,,6.88,2.75,us-east-1,use1-az1\n"
+        "p5.48xlarge,H100,8.0,192.0,2048.0,,55.04,23.1,us-east-1,use1-az1\n"
+        "g6.xlarge,L4,1.0,4.0,16.0,,0.8048,0.3,us-east-1,use1-az1\n"),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _processes_of(home: Path) -> list[int]:
+    """Processes started with this HOME: the server, its workers, anything it spawned."""
+    marker = f"HOME={home}".encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if marker in handle.read() + b"\0":
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_gone(pids: list[int], within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()
+                 and "Z" not in _state(pid)]
+    return alive
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+class ApiServer:
+    """One `sky api start` server under its own HOME and port; `stop` is idempotent."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = _free_port()
+        self.env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        self.env.update(HOME=str(home), SKYPILOT_DISABLE_USAGE_COLLECTION="1",
+                        SKYPILOT_API_SERVER_LOCAL_PORT=str(self.port),
+                        PYTHONPATH=str(REPO_ROOT))  # the admin policy is imported from here
+        self.stopped = False
+
+    def prepare(self) -> None:
+        sky_dir = self.home / ".sky"
+        for name, text in CATALOG.items():
+            path = sky_dir / "catalogs" / "v8" / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        # Only AWS is checked for credentials (a launch runs `sky check` when no cloud is
+        # enabled; every cloud takes far longer).
+        (sky_dir / "config.yaml").write_text(
+            "allowed_clouds: [aws]\n"
+            "admin_policy: tests.provisioning.skypilot_stall_policy.StallPolicy\n")
+
+    def sky(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(SKY), *args], env=self.env, cwd=self.home, text=True,
+                              capture_output=True, timeout=timeout, check=False)
+
+    def start(self) -> str | None:
+        """None when up, else why not."""
+        if not SKY.exists():
+            return f"no `sky` command next to {sys.executable}"
+        self.prepare()
+        try:
+            done = self.sky("api", "start", timeout=120)
+        except subprocess.TimeoutExpired:
+            return "`sky api start` did not finish in 120 s"
+        if done.returncode != 0:
+            log = self.home / ".sky" / "api_server" / "server.log"
+            tail = log.read_text()[-1500:] if log.exists() else ""
+            return (f"`sky api start` exited {done.returncode}: "
+                    f"{(done.stdout + done.stderr)[-1500:]}\n{tail}")
+        return None
+
+    def stop(self) -> None:
+        """`sky api stop`, then whatever is left of the server's process group and of the
+        processes started under its HOME: SIGTERM, then SIGKILL."""
+        if self.stopped:
+            return
+        self.stopped = True
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            self.sky("api", "stop", timeout=60)
+        pids = _processes_of(self.home)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(os.getpgid(pid), sig)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            pids = _wait_gone(pids, 5.0)
+            if not pids:
+                break
+
+
+@pytest.fixture(scope="module")
+def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """A SkyPilot API server for this module. Module-scoped, so it stops as soon as these
+    tests end; the finalizer runs on failures and Ctrl-C too, and atexit is the backstop for
+    a pytest that exits without running finalizers."""
+    server = ApiServer(tmp_path_factory.mktemp("sky-server-home"))
+    atexit.register(server.stop)
+    try:
+        why_not = server.start()
+        if why_not is not None:
+            pytest.skip(f"no SkyPilot API server here ({why_not})")
+        yield server
+    finally:
+        server.stop()
+        atexit.unregister(server.stop)
+        assert not _processes_of(server.home), "the SkyPilot API server outlived its tests"
+
+
+@pytest.fixture(scope="module")
+def sky(api_server: ApiServer) -> Iterator[Any]:
+    """SkyPilot's SDK in this process, pointed at the module's server (and back afterwards)."""
+    keys = ("HOME", "SKYPILOT_API_SERVER_LOCAL_PORT", "SKYPILOT_DISABLE_USAGE_COLLECTION")
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ.update({key: api_server.env[key] for key in keys})
+    import sky
+    from sky.server import common as server_common
+
+    def forget_server() -> None:  # the SDK caches the server's address per process
+        server_common.get_server_url.cache_clear()
+        server_common.is_api_server_local.cache_clear()
+
+    forget_server()
+    try:
+        yield sky
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        forget_server()
+
+
+def provider(timeout_s: float = 30.0) -> SkyPilotProvider:
+    return SkyPilotProvider(timeout_s=timeout_s, retry_backoff_s=0.1, environ=ENGINE_KEY)
+
+
+def until(what: Callable[[], Any], within_s: float, every_s: float = 0.3) -> Any:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = what()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every_s)
+
+
+def launch_requests(sky: Any, cluster: str) -> list[Any]:
+    return [r for r in sky.api_status(cluster_name=cluster, all_status=True)
+            if r.name == "sky.launch"]
+
+
+# -- a launch without cloud credentials ---------------------------------------------------------
+
+@pytest.mark.django_db
+def test_a_launch_without_credentials_fails_as_credentials_in_skypilots_words(  # type: ignore[no-untyped-def]
+        sky, catalog):
+    from controlplane.deployments.models import Deployment, Replica
+    from controlplane.deployments.models import ReplicaState as S
+    from controlplane.provisioning import services
+    from controlplane.provisioning.models import Operation, OperationKind
+
+    deployment = Deployment.objects.create(name="chat", served_model_name="llama-3.1-8b",
+                                           model=catalog["llama8b"])
+    replica = Replica.objects.create(deployment=deployment, region=catalog["iad"],
+                                     provider="skypilot", state=S.PENDING)
+    services.set_provider("skypilot", provider())
+    try:
+        services.launch(replica.pk)
+        replica.refresh_from_db()
+        assert replica.state == S.PROVISIONING, replica.last_error
+        request_id = replica.provider_handle["data"]["launch_request"]
+        # A cold server on a busy machine may take many seconds to run its first launch;
+        # wait on the request itself (a cheap read) rather than polling the cluster too.
+        (payload,) = until(lambda: [r for r in sky.api_status(request_ids=[request_id])
+                                    if r.status not in ("PENDING", "RUNNING")], 120.0, 0.5)
+        assert payload.status == "FAILED"
+        assert services.check(replica.pk) == S.FAILED
+    finally:
+        services.set_provider("skypilot", None)
+    # What SkyPilot itself says: the launch request failed with NoCloudAccessError.
+    with pytest.raises(sky.exceptions.NoCloudAccessError, match="Cloud access is not set up"):
+        sky.get(request_id)
+    launch = Operation.objects.get(replica=replica, kind=OperationKind.LAUNCH)
+    assert (launch.status, launch.error_kind) == ("failed", "credentials"), launch.log
+    assert "Cloud access is not set up. Run: sky check" in launch.log
+    replica.refresh_from_db()
+    assert "credentials" in replica.last_error and "sky check" in replica.last_error
+
+
+# -- clusters SkyPilot does not know -------------------------------------------------------------
+
+def test_status_and_down_of_a_cluster_skypilot_does_not_know(sky) -> None:  # type: ignore[no-untyped-def]
+    cluster = cluster_name_for("r-never-launched")
+    # SkyPilot's answers: status leaves the cluster out, down and endpoints refuse it.
+    assert sky.get(sky.status(cluster_names=[cluster],
+                              refresh=sky.StatusRefreshMode.AUTO)) == []
+    with pytest.raises(sky.exceptions.ClusterDoesNotExist):
+        sky.get(sky.down(cluster))
+    with pytest.raises(sky.exceptions.ClusterNotUpError):
+        sky.get(sky.endpoints(cluster, 8000))
+    # The provider's reading of them.
+    sky_provider = provider()
+    handle = ProviderHandle("skypilot", "r-never-launched", {"cluster": cluster, "port": 8000})
+    status = sky_provider.poll(handle)
+    assert status.state == "terminated" and "does not exist" in status.message
+    sky_provider.terminate(handle)  # nothing to take down: done, no error
+    assert sky_provider.endpoint(handle) is None
+    assert sky_provider.adopt_or_reap({"r-never-launched"}) == ([], [])
+
+
+# -- time limits and cancellation ----------------------------------------------------------------
+
+def test_a_launch_that_overruns_its_time_limit_is_cancelled_on_the_server(sky) -> None:  # type: ignore[no-untyped-def]
+    """The policy holds the launch ~2 s in `/validate` (so `sky.launch` overruns the 0.5 s
+    limit before the server hands out a request id) and ~2 s more while it runs: the
+    provider cancels it as soon as the id arrives, and the server shows it cancelled."""
+    s = spec(replica_id="r-slow", env={STALL_ENV: "2"})
+    cluster = cluster_name_for(s.replica_id)
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        provider(timeout_s=0.5).launch(s)
+    assert caught.value.kind == "timeout" and time.monotonic() - started < 1.5
+    assert "cancelled once the API server accepts it" in caught.value.message
+    requests = until(lambda: [r for r in launch_requests(sky, cluster)
+                              if r.status == "CANCELLED"], 30.0)
+    assert requests, [(r.request_id, r.status) for r in launch_requests(sky, cluster)]
+    with pytest.raises(sky.exceptions.RequestCancelled):
+        sky.get(requests[0].request_id)
+
+
+def test_terminate_cancels_a_launch_still_running_on_the_server(sky) -> None:  # type: ignore[no-untyped-def]
+    s = spec(replica_id="r-cancelled", env={STALL_ENV: "3"})
+    sky_provider = provider()
+    handle = sky_provider.launch(s)  # the server holds it ~3 s more once it runs
+    request_id = handle.data["launch_request"]
+    sky_provider.terminate(handle)
+    (payload,) = sky.api_status(request_ids=[request_id])
+    assert payload.status == "CANCELLED"
+    status = sky_provider.poll(handle)
+    assert status.state == "terminated" and "cancelled" in status.message
+    sky_provider.terminate(handle)  # again: the launch is over and there is no cluster
