@@ -3,8 +3,8 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.alerts.api import AlertRulesView, AlertViewSet
 from controlplane.api import failover_views, gpu_views, plan_views, routing_views, views
+from controlplane.api.alert_views import AlertRulesView, AlertViewSet
 from controlplane.api.scaling_views import ScalingDecisionViewSet
 from controlplane.costs import api as costs_api
 

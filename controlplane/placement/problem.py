@@ -20,7 +20,7 @@ from controlplane.placement.capacity import (
     ModelSpec,
     ThroughputProfile,
 )
-from controlplane.placement.geo import great_circle_km, rtt_ms
+from regions.geo import great_circle_km, rtt_ms
 
 # The network round trip may take at most this share of a deployment's TTFT SLO; the rest
 # is queueing and prefill.

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from controlplane.placement.geo import great_circle_km, one_way_ms
+from regions.geo import great_circle_km, one_way_ms
 from controlplane.provisioning.base import (
     Capabilities,
     OfferObservation,

@@ -14,6 +14,7 @@ from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services
 from regions.models import Offer, Region
+from regions.services import refresh_offers
 
 CHECK_EVERY_S = 1.0
 DRAIN_POLL_S = 1.0
@@ -62,6 +63,17 @@ def reap_cloud_clusters() -> dict[str, list[str]]:
         if not acquired:
             return {"adopted": [], "reaped": [], "skipped": ["another worker is reaping"]}
         return services.reap_cloud_clusters()
+
+
+@shared_task(name="regions.refresh_offers")
+def refresh_offers_task(provider: str = "skypilot") -> dict[str, object]:
+    """Fold a provider's current prices into the offers (hourly). Its name is the one it had
+    in the regions app, which beat rows know it by: the catalog asks no provider itself."""
+    with advisory_lock("regions.refresh_offers") as acquired:
+        if not acquired:
+            return {"skipped": True}
+        report = refresh_offers(services.get_provider(provider))
+    return {"ok": report.ok, "detail": report.detail, "stale": report.stale_offers}
 
 
 @transaction.atomic

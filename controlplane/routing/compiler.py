@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.placement.geo import great_circle_km, rtt_ms
+from regions.geo import great_circle_km, rtt_ms
 
 # Draining replicas stay in the table with weight 0 so in-flight streams finish, but new
 # requests go elsewhere; degraded ones take a reduced share.

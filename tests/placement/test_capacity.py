@@ -19,7 +19,7 @@ from controlplane.placement.capacity import (
     valid_tensor_parallel,
     weight_bytes,
 )
-from controlplane.placement.geo import great_circle_km, rtt_ms
+from regions.geo import great_circle_km, rtt_ms
 from tests.placement.conftest import H100, L4, LLAMA_8B, LLAMA_70B, LLAMA_405B
 
 

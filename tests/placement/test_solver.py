@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from controlplane.placement.candidates import candidates_for
 from controlplane.placement.capacity import replica_shape
-from controlplane.placement.geo import great_circle_km, rtt_ms
 from controlplane.placement.greedy import place_greedy
 from controlplane.placement.problem import (
     NETWORK_SHARE_OF_TTFT,
@@ -22,6 +21,7 @@ from controlplane.placement.problem import (
 )
 from controlplane.placement.result import PlacementResult
 from controlplane.placement.search import solve
+from regions.geo import great_circle_km, rtt_ms
 from tests.placement.conftest import (
     FRANKFURT,
     H100,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.placement.geo import great_circle_km, rtt_ms
 from controlplane.routing.compiler import (
     EdgeView,
     PolicyView,
@@ -12,6 +11,7 @@ from controlplane.routing.compiler import (
     TenantKeyView,
     compile_table,
 )
+from regions.geo import great_circle_km, rtt_ms
 
 FRANKFURT = (50.11, 8.68)
 VIRGINIA = (38.95, -77.45)

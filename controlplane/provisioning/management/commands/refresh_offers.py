@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from controlplane.provisioning.services import get_provider
 from regions.services import refresh_offers
 
 
@@ -16,8 +17,6 @@ class Command(BaseCommand):
         parser.add_argument("--provider", default="skypilot", choices=["skypilot", "local"])
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from controlplane.provisioning.services import get_provider
-
         report = refresh_offers(get_provider(options["provider"]))
         state = "refreshed" if report.ok else "NOT refreshed"
         self.stdout.write(f"{report.source}: {state}: {report.detail}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -17,8 +18,6 @@ class Command(BaseCommand):
         parser.add_argument("--catalog", default=str(CATALOG_PATH), help="GPU catalog JSON file")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from pathlib import Path
-
         try:
             data = read_catalog(Path(options["catalog"]))
             report = load_catalog(data)
