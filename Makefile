@@ -37,6 +37,7 @@ up: setup
 test: setup
 	bash tools/ensure_chromium.sh
 	$(BIN)/python -m controlplane.lab.prepare_tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 	@# The edge once more from its sources: what runs where it could not be compiled.
 	MERIDIAN_EDGE_PURE=1 $(BIN)/python -m pytest tests/edge tests/contract
@@ -47,6 +48,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy controlplane regions edge enginesim
+	$(BIN)/lint-imports
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
