@@ -128,10 +128,6 @@ class LocalEdge:
         with urllib.request.urlopen(request, timeout=10) as response:
             return dict(json.loads(response.read()))
 
-    def admin_get(self, path: str) -> bytes:
-        with urllib.request.urlopen(self.admin_url + path, timeout=10) as response:
-            return bytes(response.read())
-
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

@@ -115,10 +115,6 @@ class UpstreamConnection(asyncio.Protocol):
             if self.transport is not None and not self.closed:
                 self.transport.write(out)
 
-    def detach(self) -> None:
-        """The listener is done with this exchange; no more callbacks."""
-        self.listener = None
-
     @property
     def reusable(self) -> bool:
         return self.complete and self.keep_alive and not self.closed

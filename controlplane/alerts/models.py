@@ -94,10 +94,6 @@ class Alert(models.Model):
     def __str__(self) -> str:
         return f"{self.rule} {self.subject} ({self.state})"
 
-    @property
-    def is_open(self) -> bool:
-        return self.state == AlertState.OPEN
-
 
 class AlertCondition(models.Model):
     """A condition seen holding that has not held for its rule's `for_s` yet."""

@@ -44,10 +44,6 @@ class IllegalTransition(Exception):
         super().__init__(f"replica r-{replica_id} cannot go from {current} to {wanted}")
 
 
-def sources_of(target: str) -> frozenset[str]:
-    return frozenset(state for state, targets in TRANSITIONS.items() if target in targets)
-
-
 @transaction.atomic
 def transition(
     replica: Replica | int, to: str, *, actor: str, reason: str, **fields: Any

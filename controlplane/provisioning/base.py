@@ -52,10 +52,6 @@ class ReplicaSpec:
     vllm_version: str = DEFAULT_VLLM_VERSION
     env: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def total_gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
-
 
 @dataclass(frozen=True)
 class ProviderHandle:
