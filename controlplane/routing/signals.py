@@ -15,12 +15,13 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from controlplane.core.models import ApiKey, Tenant
+from controlplane.core.status import redis_client
+from controlplane.deployments.lifecycle import state_changed
 from controlplane.deployments.models import Deployment, Replica
+from controlplane.routing.models import Edge, RoutingPolicy
+from controlplane.routing.tasks import DEBOUNCE_S, PENDING_KEY, publish_tables
 
 log = logging.getLogger(__name__)
-
-PENDING_KEY = "meridian:routing:publish-pending"
-DEBOUNCE_S = 0.25
 
 
 def request_publish(**_: Any) -> None:
@@ -28,9 +29,6 @@ def request_publish(**_: Any) -> None:
 
 
 def _enqueue_publish() -> None:
-    from controlplane.core.status import redis_client
-    from controlplane.routing.tasks import publish_tables
-
     try:
         if redis_client().set(PENDING_KEY, "1", nx=True, px=int(DEBOUNCE_S * 4000)):
             publish_tables.apply_async(countdown=DEBOUNCE_S)
@@ -39,9 +37,6 @@ def _enqueue_publish() -> None:
 
 
 def _connect() -> None:
-    from controlplane.deployments.lifecycle import state_changed
-    from controlplane.routing.models import Edge, RoutingPolicy
-
     state_changed.connect(request_publish, sender=Replica, dispatch_uid="routing-replica-state")
 
     for model in (Replica, ApiKey, Tenant, Deployment, Edge, RoutingPolicy):

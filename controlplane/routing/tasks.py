@@ -5,14 +5,17 @@ from __future__ import annotations
 from celery import shared_task
 
 from controlplane.core.locks import advisory_lock
+from controlplane.core.status import redis_client
 from controlplane.routing import services
-from controlplane.routing.signals import PENDING_KEY
+
+# Set by routing.signals when it schedules a push, cleared here before compiling: many
+# changes in a burst become one push.
+PENDING_KEY = "meridian:routing:publish-pending"
+DEBOUNCE_S = 0.25
 
 
 @shared_task(name="routing.publish_tables")
 def publish_tables(force: bool = False) -> dict[str, int | None]:
-    from controlplane.core.status import redis_client
-
     redis_client().delete(PENDING_KEY)
     with advisory_lock("routing.publish") as acquired:
         if not acquired:
