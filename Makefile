@@ -8,7 +8,9 @@ STAMP  := $(VENV)/.installed-stamp
 # stamp too, so neither is retried until a source changes (or `make edge-native`).
 EDGE_BUILD := edge/_build/stamp.json
 
-.PHONY: setup up test test-fast lint bench clean edge-native edge-pure
+.PHONY: setup engine up test test-fast lint bench clean edge-native edge-pure
+# `make up ENGINE=vllm` runs real vLLM engines (CPU build) instead of enginesim.
+ENGINE ?= enginesim
 
 setup: $(STAMP) $(EDGE_BUILD)
 	@sh tools/ensure_prometheus.sh
@@ -31,10 +33,15 @@ edge-native: $(STAMP)
 edge-pure: $(STAMP)
 	$(BIN)/python tools/build_edge.py --clean
 
-up: setup
-	$(BIN)/python -m controlplane.lab
+# vLLM's CPU build in .venv-engine and SmolLM2-135M-Instruct in var/models, built once per
+# machine and linked here; says in one line where this machine cannot run it.
+engine:
+	@$(PYTHON) tools/build_engine.py
 
-test: setup
+up: setup $(if $(filter vllm,$(ENGINE)),engine)
+	$(BIN)/python -m controlplane.lab --engine $(ENGINE)
+
+test: setup engine
 	bash tools/ensure_chromium.sh
 	$(BIN)/python -m controlplane.lab.prepare_tests
 	$(BIN)/lint-imports
@@ -54,4 +61,4 @@ bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) var build *.egg-info edge/*.so edge/_build edge/_build.*
+	rm -rf $(VENV) .venv-engine var build *.egg-info edge/*.so edge/_build edge/_build.*

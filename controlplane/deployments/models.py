@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
@@ -15,6 +16,15 @@ class Dtype(models.TextChoices):
     FP8 = "fp8", "fp8"
     INT8 = "int8", "int8"
     INT4 = "int4", "int4"
+
+
+class Engine(models.TextChoices):
+    VLLM = "vllm", "vLLM"
+    ENGINESIM = "enginesim", "enginesim (simulated; local regions only)"
+
+
+def default_engine() -> str:
+    return str(settings.MERIDIAN["DEFAULT_ENGINE"])
 
 
 class Model(models.Model):
@@ -83,6 +93,10 @@ class Deployment(models.Model):
     )
     max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
     enable_prefix_caching = models.BooleanField(default=True)
+    engine = models.CharField(
+        max_length=16, choices=Engine.choices, default=default_engine,
+        help_text="What serves it: a real vLLM, or enginesim (the simulator, local regions "
+                  "only). Default: MERIDIAN_DEFAULT_ENGINE.")
     disaggregated_prefill = models.BooleanField(default=False)
     auto_apply_plans = models.BooleanField(default=False)
     autoscale = models.BooleanField(

@@ -22,6 +22,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replicas-per-region", type=int, default=1)
     parser.add_argument("--prometheus-port", type=int, default=9090,
                         help="where the lab's Prometheus listens, when it is installed")
+    parser.add_argument("--engine", choices=("enginesim", "vllm"),
+                        default=os.environ.get("MERIDIAN_LAB_ENGINE", "enginesim"),
+                        help="what serves the demo deployment: enginesim (simulated, three "
+                             "regions) or vllm (real vLLM CPU engines from `make engine`, "
+                             "two regions, one core each)")
     parser.add_argument("--no-fleet", action="store_true",
                         help="control plane only: no local replicas, no edges")
     return parser.parse_args(argv)
@@ -44,6 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
     # The lab launches local engines only, so plans, failover and autoscaling place there.
     os.environ.setdefault("MERIDIAN_PLACEMENT_CLOUDS", "local")
+    # New deployments run what the lab runs unless they name an engine.
+    os.environ["MERIDIAN_DEFAULT_ENGINE"] = args.engine
+    if args.engine == "vllm" and not args.no_fleet:
+        from controlplane.provisioning.local import cpu_engine_available, gpu_engine_available
+
+        if not (gpu_engine_available() or cpu_engine_available()):
+            say("no real engine here: run `make engine` (or `make up ENGINE=vllm`, which does)")
+            return 2
 
     from controlplane.lab.bootstrap import ensure_database, prepare
 
@@ -94,15 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://{bind}"
     edges = []
     if not args.no_fleet:
-        from controlplane.lab.fleet import edge_argv, ensure_fleet, lab_edges, stop_local_replicas
+        from controlplane.lab.fleet import (
+            FLEETS,
+            edge_argv,
+            ensure_fleet,
+            lab_edges,
+            stop_local_replicas,
+        )
 
         # A lab that was killed rather than stopped leaves engines behind: start clean.
         leftovers = stop_local_replicas()
         if leftovers:
             say(f"  terminated {len(leftovers)} replica(s) left by an earlier run")
         edges = lab_edges(args.edge_port)
-        say(f"starting {len(edges)} edges and {args.replicas_per_region} replica(s) per region")
-        ensure_fleet(edges, args.replicas_per_region, actor="lab")
+        fleet = FLEETS[args.engine]
+        say(f"starting {len(edges)} edges and {args.replicas_per_region} {args.engine} "
+            f"replica(s) per region in {fleet.regions} regions")
+        ensure_fleet(edges, args.replicas_per_region, actor="lab", fleet=fleet)
         token_file = args.var_dir / "lab" / "admin-token"
         for edge in edges:
             group.start(edge.name, edge_argv(python, edge, args.var_dir,
@@ -122,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     curl -s -H "Authorization: Bearer {creds.api_token}" {base}/api/v1/status/
     curl -s -H "Authorization: Bearer {creds.api_token}" "{base}/api/v1/offers/?gpu=H100&jurisdiction=EU&ordering=on_demand_usd_h"
 
-{_edge_curl(edges, creds.demo_api_key)}
+{_edge_curl(edges, creds.demo_api_key, args.engine)}
   Ctrl-C stops everything.
 """,
         flush=True,
@@ -155,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _edge_curl(edges: list, key: str) -> str:  # type: ignore[type-arg]
+def _edge_curl(edges: list, key: str, engine: str) -> str:  # type: ignore[type-arg]
     if not edges:
         return ""
-    body = ('{"model": "llama-3.1-8b", "stream": true, '
+    from controlplane.lab.fleet import FLEETS
+
+    model = FLEETS[engine].served_model_name
+    body = (f'{{"model": "{model}", "stream": true, '
             '"messages": [{"role": "user", "content": "Where are you served from?"}]}')
     return (f"    curl -N {edges[0].url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
             f"-H 'Content-Type: application/json' -d '{body}'\n")

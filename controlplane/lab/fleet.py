@@ -21,8 +21,30 @@ from controlplane.routing.models import Edge
 from regions.models import Jurisdiction, Region
 
 DEMO_DEPLOYMENT = "demo-chat"
-DEMO_MODEL = "llama-3.1-8b-instruct"
-DEMO_SERVED_NAME = "llama-3.1-8b"
+
+
+@dataclass(frozen=True)
+class LabFleet:
+    """What the lab serves with one engine kind: the demo deployment's model and bounds."""
+
+    engine: str
+    model: str
+    served_model_name: str
+    regions: int  # the first N lab regions
+    max_model_len: int
+    max_replicas: int | None  # None: twice the starting count, at least 8
+    autoscale: bool
+
+
+FLEETS = {
+    # Simulated engines are cheap: three regions, an 8B model, the autoscaler free to act.
+    "enginesim": LabFleet("enginesim", "llama-3.1-8b-instruct", "llama-3.1-8b", 3, 8192, None,
+                          True),
+    # Real vLLM engines (CPU build) need a core and about 3 GB each: two regions, one engine
+    # each, SmolLM2-135M-Instruct, and no autoscaling past what the machine holds.
+    "vllm": LabFleet("vllm", "smollm2-135m-instruct", "smollm2-135m-instruct", 2, 2048, 2,
+                     False),
+}
 
 
 @dataclass(frozen=True)
@@ -51,23 +73,37 @@ def lab_edges(base_port: int) -> list[LabEdge]:
 
 
 @transaction.atomic
-def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str) -> Deployment:
-    """Regions, the demo deployment (shared), its replicas, and the edge registry rows."""
-    regions = ensure_lab_regions()
+def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
+                 fleet: LabFleet = FLEETS["enginesim"]) -> Deployment:
+    """Regions, the demo deployment (shared), its replicas, and the edge registry rows.
+
+    A lab restarted with another engine turns the demo deployment over to it (the earlier
+    run's replicas were stopped at start) and disables the lab regions it does not use.
+    """
+    regions = ensure_lab_regions(LAB_REGIONS[:fleet.regions])
+    Region.objects.filter(cloud__name="local").exclude(pk__in=[r.pk for r in regions]).update(
+        enabled=False)
+    Region.objects.filter(pk__in=[r.pk for r in regions]).update(enabled=True)
+    count = replicas_per_region * len(regions)
+    settings = {
+        "served_model_name": fleet.served_model_name,
+        "model": Model.objects.get(name=fleet.model),
+        "engine": fleet.engine,
+        "min_replicas": count,
+        "max_replicas": fleet.max_replicas or max(8, count * 2),
+        "spread_regions": len(regions),
+        "max_model_len": fleet.max_model_len,
+        "autoscale": fleet.autoscale,
+    }
     deployment, created = Deployment.objects.get_or_create(
         name=DEMO_DEPLOYMENT,
-        defaults={
-            "served_model_name": DEMO_SERVED_NAME,
-            "model": Model.objects.get(name=DEMO_MODEL),
-            "min_replicas": replicas_per_region * len(regions),
-            "max_replicas": max(8, replicas_per_region * len(regions) * 2),
-            "spread_regions": len(regions),
-            "slo_ttft_p95_ms": 800,
-            "slo_itl_p95_ms": 50,
-            "max_model_len": 8192,
-            "demand_tokens_per_s": 2000,
-        },
+        defaults={**settings, "slo_ttft_p95_ms": 800, "slo_itl_p95_ms": 50,
+                  "demand_tokens_per_s": 2000},
     )
+    if not created and deployment.engine != fleet.engine:
+        for field, value in settings.items():
+            setattr(deployment, field, value)
+        deployment.save()
     if created:
         deployment.allowed_jurisdictions.set(
             Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))

@@ -17,7 +17,7 @@ ERROR_KINDS = ("no_capacity", "quota", "credentials", "invalid", "timeout", "una
 # unreachable or slow. The others need a different offer, more quota or an operator.
 TRANSIENT_ERROR_KINDS = frozenset({"timeout", "unavailable"})
 
-DEFAULT_VLLM_VERSION = "0.27.1"
+DEFAULT_VLLM_VERSION = "0.32.0"  # the version the contract suite holds enginesim to
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ReplicaSpec:
     disaggregation: dict[str, Any] | None = None
     # KV offload to host memory: {"size_gib": 64, "backend": "native" | "lmcache"}.
     kv_offload: dict[str, Any] | None = None
+    engine: str = "vllm"  # "vllm", or "enginesim" (the simulator; the local provider only)
     engine_profile: str = "llama-8b-h100"  # enginesim's timing profile (local lab only)
     port: int = 8000
     disk_gb: int = 256

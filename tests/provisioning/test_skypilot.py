@@ -123,7 +123,7 @@ def test_options_reach_vllm_flags() -> None:
     assert "nixl" in config["setup"] and config["resources"]["ports"] == [9000]
     text = render_replica_task(spec(kv_offload={"size_gib": 64, "backend": "lmcache"}))
     validate_replica_task(text)
-    assert "--kv-offloading-size 64 \\\n    --kv-offloading-backend lmcache" in text
+    assert "--kv-offloading-size 64 --kv-offloading-backend lmcache" in text
     assert "lmcache" in yaml.safe_load(text)["setup"]
     assert "--kv-" not in render_replica_task(spec())
 

@@ -10,6 +10,7 @@ processes, where the lookup must answer the same way but nothing must start.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
 
 _version = importlib.metadata.version
@@ -22,6 +23,25 @@ def _vllm_version(name: str) -> str:
 
 
 importlib.metadata.version = _vllm_version
+
+
+def _die_with_parent() -> None:
+    """In vLLM's child processes (the engine core, its workers), which re-import this file
+    as `__mp_main__`: die when the parent does. vLLM does not stop its engine core when the
+    API server is killed, and an orphaned core holds a core and gigabytes of memory."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() == 1:  # the parent was already gone before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__mp_main__":
+    _die_with_parent()
 
 if __name__ == "__main__":
     from vllm.entrypoints.cli.main import main
