@@ -45,15 +45,18 @@ ENGINE_KEY = {"MERIDIAN_ENGINE_API_KEY": "sk-engine-test"}
 # What the server process may see of ours: nothing that could be a cloud credential.
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "TMPDIR", "TZ")
 
+# The replicas here are Lambda ones: whether Lambda is enabled is decided by a file under
+# HOME alone (no ambient credentials such as a cloud VM's metadata server could enable it, so
+# no launch can reach a real cloud), and `sky check` of it is quick.
+CLOUD, REGION = "lambda", "us-east-1"
 CATALOG = {
-    "common/accelerators.csv": "AcceleratorName,Clouds\nH100,\"AWS, GCP\"\nL4,\"AWS, GCP\"\n",
-    "common/metadata.csv": "GPU,MemoryGB,Manufacturer\nH100,80,NVIDIA\nL4,24,NVIDIA\n",
-    "aws/vms.csv": (
-        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,"
-        "SpotPrice,Region,AvailabilityZone\n"
-        "p5.4xlarge,H100,1.0,16.0,256.0,,6.88,2.75,us-east-1,use1-az1\n"
-        "p5.48xlarge,H100,8.0,192.0,2048.0,,55.04,23.1,us-east-1,use1-az1\n"
-        "g6.xlarge,L4,1.0,4.0,16.0,,0.8048,0.3,us-east-1,use1-az1\n"),
+    "common/accelerators.csv": "AcceleratorName,Clouds\nH100,\"AWS, GCP, Lambda\"\n",
+    "common/metadata.csv": "GPU,MemoryGB,Manufacturer\nH100,80,NVIDIA\n",
+    "lambda/vms.csv": (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,"
+        "SpotPrice\n"
+        "gpu_1x_h100_pcie,H100,1.0,26.0,200.0,2.49,us-east-1,,\n"
+        "gpu_8x_h100_sxm5,H100,8.0,208.0,1800.0,23.92,us-east-1,,\n"),
 }
 
 
@@ -105,6 +108,7 @@ class ApiServer:
         self.env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         self.env.update(HOME=str(home), SKYPILOT_DISABLE_USAGE_COLLECTION="1",
                         SKYPILOT_API_SERVER_LOCAL_PORT=str(self.port),
+                        AWS_EC2_METADATA_DISABLED="true",
                         PYTHONPATH=str(REPO_ROOT))  # the admin policy is imported from here
         self.stopped = False
 
@@ -114,10 +118,10 @@ class ApiServer:
             path = sky_dir / "catalogs" / "v8" / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        # Only AWS is checked for credentials (a launch runs `sky check` when no cloud is
-        # enabled; every cloud takes far longer).
+        # Only Lambda is checked for credentials (a launch runs `sky check` while no cloud
+        # is enabled; all clouds take far longer).
         (sky_dir / "config.yaml").write_text(
-            "allowed_clouds: [aws]\n"
+            f"allowed_clouds: [{CLOUD}]\n"
             "admin_policy: tests.provisioning.skypilot_stall_policy.StallPolicy\n")
 
     def sky(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -141,13 +145,15 @@ class ApiServer:
         return None
 
     def stop(self) -> None:
-        """`sky api stop`, then whatever is left of the server's process group and of the
-        processes started under its HOME: SIGTERM, then SIGKILL."""
+        """`sky api stop` (unless the SDK's api_stop already did), then whatever is left of
+        the server's process group and of the processes started under its HOME: SIGTERM,
+        then SIGKILL."""
         if self.stopped:
             return
         self.stopped = True
-        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            self.sky("api", "stop", timeout=60)
+        if _processes_of(self.home):
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                self.sky("api", "stop", timeout=60)
         pids = _processes_of(self.home)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in pids:
@@ -195,6 +201,8 @@ def sky(api_server: ApiServer) -> Iterator[Any]:
     try:
         yield sky
     finally:
+        with contextlib.suppress(Exception):  # `sky api stop`, from the SDK already loaded
+            sky.api_stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -230,10 +238,15 @@ def test_a_launch_without_credentials_fails_as_credentials_in_skypilots_words(  
     from controlplane.deployments.models import ReplicaState as S
     from controlplane.provisioning import services
     from controlplane.provisioning.models import Operation, OperationKind
+    from regions.models import Cloud, Region
 
+    lambda_cloud = Cloud.objects.create(name=CLOUD, display_name="Lambda", skypilot_name=CLOUD)
+    region = Region.objects.create(cloud=lambda_cloud, code=REGION, display_name="Virginia",
+                                   latitude=38.9, longitude=-77.4, country="US",
+                                   jurisdiction=catalog["us"])
     deployment = Deployment.objects.create(name="chat", served_model_name="llama-3.1-8b",
                                            model=catalog["llama8b"])
-    replica = Replica.objects.create(deployment=deployment, region=catalog["iad"],
+    replica = Replica.objects.create(deployment=deployment, region=region,
                                      provider="skypilot", state=S.PENDING)
     services.set_provider("skypilot", provider())
     try:
@@ -286,7 +299,7 @@ def test_a_launch_that_overruns_its_time_limit_is_cancelled_on_the_server(sky) -
     """The policy holds the launch ~2 s in `/validate` (so `sky.launch` overruns the 0.5 s
     limit before the server hands out a request id) and ~2 s more while it runs: the
     provider cancels it as soon as the id arrives, and the server shows it cancelled."""
-    s = spec(replica_id="r-slow", env={STALL_ENV: "2"})
+    s = spec(replica_id="r-slow", cloud=CLOUD, region=REGION, env={STALL_ENV: "2"})
     cluster = cluster_name_for(s.replica_id)
     started = time.monotonic()
     with pytest.raises(ProviderError) as caught:
@@ -301,7 +314,7 @@ def test_a_launch_that_overruns_its_time_limit_is_cancelled_on_the_server(sky) -
 
 
 def test_terminate_cancels_a_launch_still_running_on_the_server(sky) -> None:  # type: ignore[no-untyped-def]
-    s = spec(replica_id="r-cancelled", env={STALL_ENV: "3"})
+    s = spec(replica_id="r-cancelled", cloud=CLOUD, region=REGION, env={STALL_ENV: "3"})
     sky_provider = provider()
     handle = sky_provider.launch(s)  # the server holds it ~3 s more once it runs
     request_id = handle.data["launch_request"]
