@@ -130,13 +130,22 @@ def failed_elsewhere() -> list[Replica]:
 
 # -- 2. tables --------------------------------------------------------------------------------
 
+# How long failover waits for a publish in progress (whose tables may still hold the failed
+# replicas) before leaving the push to the publish the failure's commit requested.
+PUBLISH_WAIT_S = 5.0
+
+
 def push_tables_now(reason: str) -> int | None:
-    """Compile and push at once; the version when every edge took it, else None (the drift
-    check and the incident's progress pick it up)."""
+    """Compile and push at once, on the scheduled publish's path and lock; the version when
+    every edge took it, else None (the drift check and the incident's progress pick it up)."""
     try:
-        result = routing.publish(reason=reason)
+        result = routing.publish_exclusive(reason=reason, wait_s=PUBLISH_WAIT_S)
     except Exception:  # a broken edge must not stop failover
         log.exception("table push after a failure did not complete")
+        return None
+    if result is None:
+        log.warning("another publisher held %s for %.0f s; the failure's push is queued",
+                    routing.PUBLISH_LOCK, PUBLISH_WAIT_S)
         return None
     if all(r.acked for r in result.results):
         return result.version

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Prefetch
+from django.db.models import Case, F, Field, Prefetch, Q, Value, When
 from django.utils import timezone
 
+from controlplane.core.locks import advisory_lock
 from controlplane.core.models import ApiKey, Tenant
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import SERVING_STATES
@@ -24,6 +25,9 @@ from controlplane.routing.push import PushResult, PushTarget, push_all
 from regions.models import Region
 
 VERSION_SEQUENCE = "routing_table_version_seq"
+# Every push of new tables (the debounced task, the drift check, failover's immediate push)
+# compiles and pushes under this lock, so two publishers never interleave versions.
+PUBLISH_LOCK = "routing.publish"
 ROUTED_STATES = tuple(SERVING_STATES | {ReplicaState.DRAINING})
 
 
@@ -171,27 +175,37 @@ def push_tables(tables: list[RoutingTable], timeout_s: float = 2.0) -> list[Push
 
 
 def record_push_results(results: list[PushResult]) -> None:
-    """One UPDATE per acked version, and one per distinct error: cheap for 1,000 edges."""
+    """One UPDATE for every edge answered: acks set the version and clear the error, failures
+    keep their acked version and record the error. Cheap for 1,000 edges."""
+    if not results:
+        return
     now = timezone.now()
-    acked: dict[int, list[str]] = {}
-    failed: dict[str, list[str]] = {}
-    for result in results:
-        if result.acked:
-            acked.setdefault(result.version, []).append(result.edge)
-        else:
-            failed.setdefault(result.detail[:1000], []).append(result.edge)
-    for version, names in acked.items():
-        Edge.objects.filter(name__in=names).update(
-            last_acked_version=version, last_acked_at=now, last_seen_at=now, last_error=""
-        )
-    for detail, names in failed.items():
-        Edge.objects.filter(name__in=names).update(last_error=detail)
+    acked = [r for r in results if r.acked]
+    failed = [r for r in results if not r.acked]
+    was_acked = Q(name__in=[r.edge for r in acked])
+
+    def keep(field: str, *whens: When) -> Case:
+        output = Edge._meta.get_field(field)
+        assert isinstance(output, Field)
+        return Case(*whens, default=F(field), output_field=output)
+
+    Edge.objects.filter(name__in=[r.edge for r in results]).update(
+        last_acked_version=keep(
+            "last_acked_version", *(When(name=r.edge, then=Value(r.version)) for r in acked)),
+        last_acked_at=keep("last_acked_at", When(was_acked, then=Value(now))),
+        last_seen_at=keep("last_seen_at", When(was_acked, then=Value(now))),
+        last_error=keep("last_error", When(was_acked, then=Value("")),
+                        *(When(name=r.edge, then=Value(r.detail[:1000])) for r in failed)),
+    )
 
 
 def publish(edges: Iterable[Edge] | None = None, force: bool = False, reason: str = "") -> PublishReport:
-    """Compile what changed and push each edge whatever it has not acked yet."""
+    """Compile what changed and push each edge whatever it has not acked yet.
+
+    Callers hold `PUBLISH_LOCK` (`publish_exclusive`); tests call this directly."""
     tables = compile_tables(edges, force=force)
-    behind = [t for t in tables if _acked_version(t.edge_id) != t.version]
+    acked = acked_versions([t.edge_id for t in tables])
+    behind = [t for t in tables if acked.get(t.edge_id) != t.version]
     results = push_tables(behind) if behind else []
     version = max((t.version for t in tables), default=None)
     if results:
@@ -205,8 +219,22 @@ def publish(edges: Iterable[Edge] | None = None, force: bool = False, reason: st
     return PublishReport(version, results)
 
 
-def _acked_version(edge_id: int) -> int | None:
-    return Edge.objects.filter(pk=edge_id).values_list("last_acked_version", flat=True).first()
+def publish_exclusive(force: bool = False, reason: str = "", wait_s: float = 0.0,
+                      ) -> PublishReport | None:
+    """`publish` under `PUBLISH_LOCK`; None when another publisher held it for `wait_s`.
+
+    The one path every push of new tables takes: the debounced task (no wait: it reschedules
+    itself) and failover (waits for the publisher in progress, whose tables may predate the
+    failure, then compiles its own)."""
+    with advisory_lock(PUBLISH_LOCK, wait_s=wait_s) as acquired:
+        if not acquired:
+            return None
+        return publish(force=force, reason=reason)
+
+
+def acked_versions(edge_ids: list[int]) -> dict[int, int | None]:
+    """Each edge's last acked version, in one query."""
+    return dict(Edge.objects.filter(pk__in=edge_ids).values_list("pk", "last_acked_version"))
 
 
 def edges_behind() -> list[Edge]:

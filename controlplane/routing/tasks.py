@@ -17,18 +17,17 @@ DEBOUNCE_S = 0.25
 @shared_task(name="routing.publish_tables")
 def publish_tables(force: bool = False) -> dict[str, int | None]:
     redis_client().delete(PENDING_KEY)
-    with advisory_lock("routing.publish") as acquired:
-        if not acquired:
-            # Another worker is publishing; make sure our change is not lost.
-            publish_tables.apply_async(countdown=0.5)
-            return {"version": None, "edges": 0}
-        report = services.publish(force=force)
+    report = services.publish_exclusive(force=force)
+    if report is None:
+        # Another worker is publishing; make sure our change is not lost.
+        publish_tables.apply_async(countdown=0.5)
+        return {"version": None, "edges": 0}
     return {"version": report.version, "edges": len(report.results), "acked": report.acked}
 
 
 @shared_task(name="routing.check_drift")
 def check_drift() -> dict[str, int]:
-    with advisory_lock("routing.publish") as acquired:
+    with advisory_lock(services.PUBLISH_LOCK) as acquired:
         if not acquired:
             return {"behind": -1}
         behind = services.edges_behind()

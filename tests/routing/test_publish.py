@@ -111,3 +111,63 @@ def test_signing_refuses_a_missing_key(db, tmp_path, monkeypatch):  # type: igno
     with pytest.raises(ImproperlyConfigured, match="generate_signing_key"):
         signing.signing_key()
     signing.signing_key.cache_clear()
+
+
+def test_publish_costs_the_same_queries_whatever_the_number_of_edges(fleet):  # type: ignore[no-untyped-def]
+    """Acks are read and recorded for all edges at once: adding edges adds no queries."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fleet["endpoints"][1].up = False  # one edge that refuses: its error goes in the same UPDATE
+    services.publish()  # the policy row and the first tables exist from here on
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            report = services.publish(force=True)
+        assert len(report.results) == Edge.objects.count()
+        return len(captured.captured_queries)
+
+    few = queries()
+    for i in range(3, 12):  # more edges on the same endpoints (409 for older versions is an ack)
+        endpoint = fleet["endpoints"][i % 3]
+        Edge.objects.create(name=f"edge-{i}", region=fleet["fra"], admin_url=endpoint.url)
+    many = queries()
+    assert many == few
+    down = Edge.objects.filter(admin_url=fleet["endpoints"][1].url)
+    assert set(down.values_list("last_error", flat=True)) == {"down for the test"}
+    assert set(down.values_list("last_acked_version", flat=True)) == {None}
+    up = Edge.objects.exclude(admin_url=fleet["endpoints"][1].url)
+    assert len(set(up.values_list("last_acked_version", flat=True))) == 1
+    assert set(up.values_list("last_error", flat=True)) == {""}
+
+
+def test_failover_push_takes_the_publish_lock(fleet, monkeypatch):  # type: ignore[no-untyped-def]
+    """Failover's immediate push is the scheduled publish's path: while another publisher
+    holds the lock it waits, and pushes once the lock is free."""
+    import threading
+
+    import psycopg
+    from django.db import connection
+
+    from controlplane.core.locks import lock_id
+    from controlplane.failover import services as failover
+
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k in
+                            ("dbname", "user", "host", "port", "password")}) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [lock_id(services.PUBLISH_LOCK)])
+        monkeypatch.setattr(failover, "PUBLISH_WAIT_S", 0.2)
+        assert failover.push_tables_now("held elsewhere") is None
+        assert all(e.received == [] for e in fleet["endpoints"])
+
+        monkeypatch.setattr(failover, "PUBLISH_WAIT_S", 30.0)
+        release = threading.Timer(
+            0.3, lambda: other.execute("SELECT pg_advisory_unlock(%s)",
+                                       [lock_id(services.PUBLISH_LOCK)]))
+        release.start()
+        try:
+            version = failover.push_tables_now("released meanwhile")
+        finally:
+            release.join()
+    assert version is not None
+    assert all(e.received[-1]["version"] == version for e in fleet["endpoints"])
