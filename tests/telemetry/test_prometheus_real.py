@@ -5,11 +5,11 @@ Per engine (enginesim; the real vLLM CPU build where `make engine` made it): Pro
 scrapes it every second; once it has seen the engine idle, streaming traffic runs while a
 thread scrapes the engine directly every 0.1 s; then Prometheus is given time to scrape the
 settled counters. Tolerances: counters and the settled gauges agree exactly; a gauge during
-traffic lies within what the direct scrapes saw within 0.3 s of Prometheus's scrape; a rate
-over W seconds lies between increase/W and increase/(W - 2.2 intervals) (PromQL extrapolates
-from the first and last samples in the window to its edges); a p95 equals the quantile of
-the direct scrapes' bucket deltas (every bucket shares timestamps, so extrapolation scales
-them alike and cancels).
+traffic lies within what the direct scrapes overlapping Prometheus's scrape (give or take
+0.25 s) saw; a rate over W seconds lies between increase/W and increase/(W - 2.2 intervals)
+(PromQL extrapolates from the first and last samples in the window to its edges); a p95
+equals the quantile of the direct scrapes' bucket deltas (every bucket shares timestamps, so
+extrapolation scales them alike and cancels).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Scenario:
     t0: float  # Prometheus has scraped the idle engine; `before` was scraped then
     before: EngineSnapshot
     traffic: tuple[float, float]  # when it started and ended
-    during: list[tuple[float, EngineSnapshot]]
+    during: list[tuple[float, float, EngineSnapshot]]
     after: EngineSnapshot
     after_text: str
     t_eval: float  # every query is evaluated at this time
@@ -139,19 +139,22 @@ def _gauge(attr: str) -> Callable[[Scenario], None]:
     def check(s: Scenario) -> None:
         name = attr  # the gauges' queries are named after ReplicaStats' fields
         assert s.at_end(name) == {s.engine.replica: getattr(s.after, attr)}
-        # During traffic, at each of Prometheus's scrapes: within the direct scrapes near it.
-        window = f'up{{job="{JOB}",replica="{s.engine.replica}"}}[{s.window_s}s]'
+        # During traffic, at each of Prometheus's scrapes (it began at ts and took `took`
+        # seconds): within what the direct scrapes overlapping it, give or take 0.25 s, saw.
+        window = (f'scrape_duration_seconds{{job="{JOB}",replica="{s.engine.replica}"}}'
+                  f"[{s.window_s}s]")
         (series,) = s.prometheus.api(window, at=s.t_eval)
-        scrape_times = [float(t) for t, _ in series["values"]  # type: ignore[attr-defined]
-                        if s.traffic[0] <= float(t) <= s.traffic[1]]
+        scrapes = [(float(t), float(took)) for t, took in series["values"]  # type: ignore[attr-defined]
+                   if s.traffic[0] <= float(t) <= s.traffic[1]]
         seen = []
-        for ts in scrape_times:
-            near = [getattr(snap, attr) for t, snap in s.during if abs(t - ts) <= 0.3]
+        for ts, took in scrapes:
+            near = [getattr(snap, attr) for sent, read, snap in s.during
+                    if read >= ts - 0.25 and sent <= ts + took + 0.25]
             if near:
                 got = s.source.query(name, s.window_s, at=ts)[s.engine.replica]
-                assert min(near) - 1e-9 <= got <= max(near) + 1e-9, (ts, got, near)
+                assert min(near) - 1e-9 <= got <= max(near) + 1e-9, (ts, took, got, near)
                 seen.append(got)
-        assert len(seen) >= 2, (scrape_times, len(s.during))
+        assert len(seen) >= 2, (scrapes, s.traffic, [(a, b) for a, b, _ in s.during])
         if attr == "running":
             assert max(seen) > 0, "no scrape saw a request running"
     return check
