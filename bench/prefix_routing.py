@@ -52,8 +52,19 @@ from edge.health import parse_engine_metrics  # noqa: E402
 from edge.local import LocalEdge, build_table, free_port, replica_entry  # noqa: E402
 
 MODEL = "llama-3.1-8b-instruct"
-API_KEY = "sk-bench-prefix-routing"
 KV_CACHE_TOKENS = 24_576
+VLLM_MODEL = "smollm2-135m-instruct"
+VLLM_BLOCK_TOKENS = 128
+# The profile calibrated against the real engine: with it (or with --engine vllm) the run
+# takes the CPU workload below, on two replicas, one policy at a time.
+CPU_PROFILE = "smollm2-135m-cpu"
+CPU_WORKLOAD = {"replicas": 2, "users": 8, "turns": 4, "system_prompts": 16,
+                "system_tokens": 700, "user_tokens": 40, "max_tokens": 16,
+                "kv_cache_tokens": 64 * VLLM_BLOCK_TOKENS, "max_model_len": 4096}
+DEFAULT_WORKLOAD = {"replicas": 4, "users": 24, "turns": 6, "system_prompts": 8,
+                    "system_tokens": 3000, "user_tokens": 100, "max_tokens": 32,
+                    "kv_cache_tokens": KV_CACHE_TOKENS, "max_model_len": 16_384}
+API_KEY = "sk-bench-prefix-routing"
 POLICIES = {
     "round_robin": {"scorers": {"load": 1.0}, "picker": "round_robin"},
     "least_load": {"scorers": {"load": 1.0}},
@@ -70,18 +81,21 @@ def log(message: str) -> None:
     print(f"[prefix_routing] {message}", file=sys.stderr, flush=True)
 
 
-def system_prompt(topic: str, tokens: int, rng: random.Random) -> str:
-    """A long, distinct support-desk system prompt of about `tokens` tokens (4 chars each)."""
+def system_prompt(topic: str, tokens: int, rng: random.Random, chars_per_token: float = 4.0
+                  ) -> str:
+    """A long, distinct support-desk system prompt of about `tokens` tokens (4 chars each
+    for enginesim; the real engine's tokenizer is measured on the first prompt)."""
     sentences = [f"You are the {topic} assistant of Meridian Bench Corp."]
-    while sum(len(s) + 1 for s in sentences) < tokens * 4:
+    while sum(len(s) + 1 for s in sentences) < tokens * chars_per_token:
         sentences.append(f"Rule {len(sentences)}: when a {rng.choice(WORDS)} about "
                          f"{rng.choice(WORDS)} comes up, check the {rng.choice(WORDS)} and "
                          f"answer about {topic} plainly.")
     return " ".join(sentences)
 
 
-def user_message(user: int, turn: int, tokens: int, rng: random.Random) -> str:
-    words = [rng.choice(WORDS) for _ in range(tokens * 4 // 7)]
+def user_message(user: int, turn: int, tokens: int, rng: random.Random,
+                 chars_per_token: float = 4.0) -> str:
+    words = [rng.choice(WORDS) for _ in range(int(tokens * chars_per_token) // 7)]
     return f"User {user}, turn {turn}: " + " ".join(words)
 
 
@@ -92,6 +106,7 @@ class Sample:
     ok: bool
     turn: int = 0
     replica: str = ""
+    started: float = 0.0
 
 
 @dataclass
@@ -100,6 +115,13 @@ class RunResult:
     seconds: float = 0.0
     hits: float = 0.0
     queries: float = 0.0
+
+    def add(self, other: RunResult) -> None:
+        """Another round of the same policy: samples, time and cache counts pooled."""
+        self.samples += other.samples
+        self.seconds += other.seconds
+        self.hits += other.hits
+        self.queries += other.queries
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.ok]
@@ -133,10 +155,14 @@ async def converse(session: aiohttp.ClientSession, url: str, system: str, user: 
     for turn in range(turns):
         if time.perf_counter() >= stop_at:
             return
-        messages.append({"role": "user", "content": user_message(user, turn, args.user_tokens,
-                                                                 rng)})
-        body = {"model": MODEL, "messages": messages, "stream": True,
-                "max_tokens": args.max_tokens, "stream_options": {"include_usage": True}}
+        messages.append({"role": "user", "content": user_message(
+            user, turn, args.user_tokens, rng, args.chars_per_token)})
+        body: dict[str, Any] = {"model": args.model, "messages": messages, "stream": True,
+                                "max_tokens": args.max_tokens,
+                                "stream_options": {"include_usage": True}}
+        if args.sequential:
+            # Every answer as long as asked: a real model may stop early, enginesim not.
+            body["ignore_eos"] = True
         started = time.perf_counter()
         ttft = 0.0
         text: list[str] = []
@@ -166,7 +192,7 @@ async def converse(session: aiohttp.ClientSession, url: str, system: str, user: 
                 ok = response.status == 200 and ttft > 0
         except (TimeoutError, aiohttp.ClientError):
             ok = False
-        result.samples.append(Sample(ttft, tokens, ok, turn, replica))
+        result.samples.append(Sample(ttft, tokens, ok, turn, replica, started))
         messages.append({"role": "assistant", "content": "".join(text)})
 
 
@@ -183,14 +209,16 @@ async def conversation_slot(slot: int, session: aiohttp.ClientSession, url: str,
         user += args.users
 
 
-def start_engines(ports: list[int], kv_cache_tokens: int) -> list[subprocess.Popen[bytes]]:
-    """Four enginesim processes; returns once all answer /health."""
+def start_engines(ports: list[int], kv_cache_tokens: int, profile: str = "llama-8b-h100",
+                  max_model_len: int = 16_384) -> list[subprocess.Popen[bytes]]:
+    """enginesim processes, one per port; returns once all answer /health."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes = [subprocess.Popen(
         [sys.executable, "-m", "enginesim", "--port", str(port), "--model", MODEL,
-         "--profile", "llama-8b-h100", "--kv-cache-tokens", str(kv_cache_tokens),
-         "--max-model-len", str(min(16_384, kv_cache_tokens)),
-         "--seed", str(i)], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+         "--profile", profile, "--kv-cache-tokens", str(kv_cache_tokens),
+         "--max-model-len", str(min(max_model_len, kv_cache_tokens)),
+         "--seed", str(i)],
+        cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
         for i, port in enumerate(ports)]
     deadline = time.monotonic() + 30
     for port in ports:
@@ -231,16 +259,33 @@ def cache_counts(ports: list[int]) -> tuple[float, float]:
 
 
 async def saturation(session: aiohttp.ClientSession, url: str, systems: list[str],
-                     args: argparse.Namespace, rng: random.Random) -> RunResult:
-    """Closed loop: `users` conversations at a time, back to back, for `duration` seconds."""
+                     args: argparse.Namespace, rng: random.Random,
+                     ports: list[int] | None = None) -> RunResult:
+    """Closed loop: `users` conversations at a time, back to back, for `duration` seconds,
+    after `warmup` seconds of the same whose requests are not counted (cache counts are then
+    read from `ports` when the warm-up ends)."""
     result = RunResult()
     started = time.perf_counter()
-    stop_at = started + args.duration
-    await asyncio.gather(*(
+    measure_from = started + args.warmup
+    stop_at = measure_from + args.duration
+    before = (0.0, 0.0)
+
+    async def mark() -> None:
+        nonlocal before
+        await asyncio.sleep(args.warmup)
+        if ports is not None:
+            before = await asyncio.to_thread(cache_counts, ports)
+
+    await asyncio.gather(mark(), *(
         conversation_slot(slot, session, url, systems, args, random.Random(rng.random()),
                           result, stop_at)
         for slot in range(args.users)))
-    result.seconds = time.perf_counter() - started
+    result.seconds = time.perf_counter() - measure_from
+    if args.warmup:
+        result.samples = [s for s in result.samples if s.started >= measure_from]
+    if ports is not None:
+        hits, queries = cache_counts(ports)
+        result.hits, result.queries = hits - before[0], queries - before[1]
     return result
 
 
@@ -284,27 +329,37 @@ async def phase(kind: str, urls: list[str], systems: list[str], args: argparse.N
     return results
 
 
+def start_edge(name: str, ports: list[int], model: str) -> tuple[LocalEdge, str]:
+    """A Meridian edge applying policy `name` to the engines on `ports`; returns its URL."""
+    edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
+    edge.start()
+    replicas = [replica_entry(f"{name}-r{i}", f"http://127.0.0.1:{port}",
+                              region=f"local:lab-{i % 2 + 1}", rtt_ms=2.0,
+                              max_inflight=64) for i, port in enumerate(ports)]
+    edge.push(build_table(1, edge.name, {model: replicas}, {API_KEY: {
+        "tenant": "bench", "jurisdictions": ["EU"], "rpm": 0, "tpm": 0, "models": ["*"],
+        "tier": "interactive"}}, policy=POLICIES[name]))
+    return edge, edge.url + "/v1/chat/completions"
+
+
 class PolicyUnderTest:
-    """Four fresh engines and an edge applying one policy."""
+    """Fresh engines and an edge applying one policy."""
 
     def __init__(self, name: str, args: argparse.Namespace) -> None:
         self.name = name
-        self.ports = [free_port() for _ in range(4)]
-        self.engines = start_engines(self.ports, args.kv_cache_tokens)
-        self.edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
+        self.model = args.model
+        self.ports = [free_port() for _ in range(args.replicas)]
+        self.engines = start_engines(self.ports, args.kv_cache_tokens, args.profile,
+                                     args.max_model_len)
+        self.edge: LocalEdge | None = None
 
     def start(self) -> str:
-        self.edge.start()
-        replicas = [replica_entry(f"{self.name}-r{i}", f"http://127.0.0.1:{port}",
-                                  region=f"local:lab-{i % 2 + 1}", rtt_ms=2.0,
-                                  max_inflight=64) for i, port in enumerate(self.ports)]
-        self.edge.push(build_table(1, self.edge.name, {MODEL: replicas}, {API_KEY: {
-            "tenant": "bench", "jurisdictions": ["EU"], "rpm": 0, "tpm": 0, "models": ["*"],
-            "tier": "interactive"}}, policy=POLICIES[self.name]))
-        return self.edge.url + "/v1/chat/completions"
+        self.edge, url = start_edge(self.name, self.ports, self.model)
+        return url
 
     def stop(self) -> None:
-        self.edge.close()
+        if self.edge is not None:
+            self.edge.close()
         stop(self.engines)
 
 
@@ -337,37 +392,207 @@ def run_policies(systems: list[str], args: argparse.Namespace) -> tuple[dict[str
     return results, rate
 
 
+class SimPair:
+    """enginesim replicas for the one-policy-at-a-time runs: fresh processes (empty caches)
+    for every run."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.ports: list[int] = []
+
+    def fresh(self) -> list[int]:
+        stop(self.processes)
+        self.ports = [free_port() for _ in range(self.args.replicas)]
+        self.processes = start_engines(self.ports, self.args.kv_cache_tokens,
+                                       self.args.profile, self.args.max_model_len)
+        return self.ports
+
+    def close(self) -> None:
+        stop(self.processes)
+
+
+class VllmPair:
+    """Real vLLM engines (the CPU build from `make engine`), one core each; the prefix caches
+    are emptied between runs through vLLM's /reset_prefix_cache (served with
+    VLLM_SERVER_DEV_MODE=1). Each engine dies with this process (a parent-death signal)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from controlplane.lab.processes import die_with_parent
+        from tests import real_engine
+
+        self.real_engine = real_engine
+        if not (ROOT / ".venv-engine" / "bin" / "python").exists():
+            raise SystemExit("no real engine here: run `make engine`")
+        self.ports = [real_engine.free_port() for _ in range(args.replicas)]
+        self.logs: list[Path] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
+        cores = sorted(os.sched_getaffinity(0))
+        blocks = args.kv_cache_tokens // VLLM_BLOCK_TOKENS
+        for i, port in enumerate(self.ports):
+            log_path = Path(f"/tmp/prefix-routing-vllm-{port}.log")
+            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
+                   "VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)])}
+            with open(log_path, "wb") as out:
+                self.processes.append(subprocess.Popen(
+                    [str(real_engine.VLLM_CPU), "serve", "--port", str(port), "--max-model-len",
+                     str(args.max_model_len), "--num-gpu-blocks-override", str(blocks)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent()))
+            self.logs.append(log_path)
+        try:
+            for port, process, log_path in zip(self.ports, self.processes, self.logs,
+                                               strict=True):
+                real_engine.wait_healthy(f"http://127.0.0.1:{port}", process, log_path)
+        except BaseException:
+            self.close()
+            raise
+
+    def fresh(self) -> list[int]:
+        for port in self.ports:
+            for _ in range(50):
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache",
+                                                 data=b"", method="POST")
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    if json.loads(response.read()).get("success"):
+                        break
+                time.sleep(0.2)  # blocks still held by requests finishing
+            else:
+                raise RuntimeError(f"vLLM on port {port} would not empty its prefix cache")
+        return self.ports
+
+    def close(self) -> None:
+        for process in self.processes:
+            self.real_engine.stop(process)
+        for log_path in self.logs:
+            log_path.unlink(missing_ok=True)
+
+
+def chars_per_token(port: int, model: str) -> float:
+    """Characters per token of the engine's own tokenizer on the bench's text."""
+    sample = system_prompt(TOPICS[0], 1000, random.Random(0))
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize", method="POST",
+        data=json.dumps({"model": model, "prompt": sample}).encode(),
+        headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return len(sample) / json.loads(response.read())["count"]
+
+
+def run_one_at_a_time(args: argparse.Namespace) -> dict[str, Any]:
+    """The policies one after another on the same engines (with a real engine there is room
+    for two, not one pair per policy), each run starting from empty prefix caches, the order
+    reversed every other round so that the machine's other load weighs on them alike."""
+    engines: SimPair | VllmPair = VllmPair(args) if args.engine == "vllm" else SimPair(args)
+    totals = {name: RunResult() for name in POLICIES}
+    try:
+        if args.engine == "vllm":
+            args.chars_per_token = round(chars_per_token(engines.ports[0], args.model), 2)
+            log(f"engines up; their tokenizer: {args.chars_per_token} characters a token")
+        systems = make_systems(args)
+        for round_ in range(args.rounds):
+            order = list(POLICIES) if round_ % 2 == 0 else list(reversed(POLICIES))
+            for name in order:
+                ports = engines.fresh()
+                edge, url = start_edge(name, ports, args.model)
+                try:
+                    result = asyncio.run(one_saturation(url, systems, args, ports))
+                finally:
+                    edge.close()
+                totals[name].add(result)
+                log(f"round {round_ + 1} {name}: {result.summary()}")
+    finally:
+        engines.close()
+    return {name: {"saturation": totals[name].summary()} for name in POLICIES}
+
+
+async def one_saturation(url: str, systems: list[str], args: argparse.Namespace,
+                         ports: list[int]) -> RunResult:
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        return await saturation(session, url, systems, args, random.Random(args.seed), ports)
+
+
+def make_systems(args: argparse.Namespace) -> list[str]:
+    rng = random.Random(args.seed)
+    return [system_prompt(TOPICS[i % len(TOPICS)], args.system_tokens, rng,
+                          args.chars_per_token) for i in range(args.system_prompts)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run of well under a minute")
-    parser.add_argument("--users", type=int, default=24, help="conversations at a time")
-    parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    parser.add_argument("--engine", choices=("enginesim", "vllm"), default="enginesim",
+                        help="enginesim (default) or two real vLLM CPU engines (`make engine`)")
+    parser.add_argument("--profile", default=None,
+                        help=f"enginesim's timing profile (default llama-8b-h100; {CPU_PROFILE} "
+                             "is calibrated against --engine vllm and takes its workload)")
+    parser.add_argument("--replicas", type=int, help="engines per policy")
+    parser.add_argument("--users", type=int, help="conversations at a time")
+    parser.add_argument("--turns", type=int, help="turns per conversation")
     parser.add_argument("--duration", type=float,
                         help="seconds of new work in each phase, per policy")
+    parser.add_argument("--warmup", type=float,
+                        help="seconds of the same load before each measured run (not counted)")
+    parser.add_argument("--rounds", type=int,
+                        help="one-at-a-time runs: rounds of the three policies")
     parser.add_argument("--load", type=float, default=0.7,
                         help="steady phase's offered load, as a share of round-robin's "
                              "saturated rate of conversations")
-    parser.add_argument("--system-prompts", type=int, default=8)
-    parser.add_argument("--system-tokens", type=int, default=3000)
-    parser.add_argument("--user-tokens", type=int, default=100)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--kv-cache-tokens", type=int, default=KV_CACHE_TOKENS,
-                        help="each replica's KV cache")
+    parser.add_argument("--system-prompts", type=int)
+    parser.add_argument("--system-tokens", type=int)
+    parser.add_argument("--user-tokens", type=int)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--kv-cache-tokens", type=int, help="each replica's KV cache")
+    parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    args.duration = args.duration or (6.0 if args.quick else 30.0)
+    if args.engine == "vllm" and args.profile not in (None, CPU_PROFILE):
+        parser.error("--profile is enginesim's; a real engine has its own timing")
+    args.profile = args.profile or (CPU_PROFILE if args.engine == "vllm" else "llama-8b-h100")
+    # With a real engine (and with the profile calibrated against it), the policies run one
+    # at a time on the same two engines, on a workload scaled to a 135M model on a CPU core.
+    args.sequential = args.profile == CPU_PROFILE
+    workload = CPU_WORKLOAD if args.sequential else DEFAULT_WORKLOAD
+    for key, value in workload.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.sequential:
+        args.duration = args.duration or (7.0 if args.quick else 30.0)
+        args.warmup = 2.0 if args.warmup is None and args.quick else (
+            10.0 if args.warmup is None else args.warmup)
+        args.rounds = args.rounds or (2 if args.quick else 3)
+    else:
+        args.duration = args.duration or (6.0 if args.quick else 30.0)
+        args.warmup = args.warmup or 0.0
+        args.rounds = 1
+    args.model = VLLM_MODEL if args.engine == "vllm" else MODEL
+    args.chars_per_token = 4.0  # enginesim's; a real engine's is measured once it is up
     started = time.monotonic()
-    rng = random.Random(args.seed)
-    systems = [system_prompt(TOPICS[i % len(TOPICS)], args.system_tokens, rng)
-               for i in range(args.system_prompts)]
-    log(f"saturation: {args.users} conversations at a time for {args.duration}s; steady load: "
-        f"{args.load:.0%} of that for {args.duration}s; {args.turns} turns each "
-        f"({args.user_tokens}-token user messages, {args.max_tokens}-token answers), "
-        f"{args.system_prompts} system prompts of ~{args.system_tokens} tokens; 4 enginesim "
-        f"replicas (llama-8b-h100 profile, {args.kv_cache_tokens} KV tokens each)")
-    results, rate = run_policies(systems, args)
+    engines = (f"{args.replicas} real vLLM engines (SmolLM2-135M, one core each, "
+               f"{args.kv_cache_tokens} KV tokens each)" if args.engine == "vllm" else
+               f"{args.replicas} enginesim replicas ({args.profile} profile, "
+               f"{args.kv_cache_tokens} KV tokens each)")
+    if args.sequential:
+        log(f"saturation: {args.users} conversations at a time, {args.warmup}s warm-up + "
+            f"{args.duration}s measured per policy, {args.rounds} rounds of the three "
+            f"policies one at a time on the same engines (prefix caches emptied between); "
+            f"{args.turns} turns each ({args.user_tokens}-token user messages, "
+            f"{args.max_tokens}-token answers), {args.system_prompts} system prompts of "
+            f"~{args.system_tokens} tokens; {engines}")
+        results = run_one_at_a_time(args)
+        rate = 0.0
+    else:
+        log(f"saturation: {args.users} conversations at a time for {args.duration}s; steady "
+            f"load: {args.load:.0%} of that for {args.duration}s; {args.turns} turns each "
+            f"({args.user_tokens}-token user messages, {args.max_tokens}-token answers), "
+            f"{args.system_prompts} system prompts of ~{args.system_tokens} tokens; {engines}")
+        results, rate = run_policies(make_systems(args), args)
 
     def ratio(policy: str, phase: str, key: str) -> float | None:
+        if phase not in results["meridian"]:
+            return None
         ours, theirs = results["meridian"][phase][key], results[policy][phase][key]
         return round(ours / theirs, 3) if ours and theirs else None
 
@@ -385,10 +610,17 @@ def main() -> int:
         "steady_ttft_p50_ratio_vs_round_robin": ratio("round_robin", "steady", "ttft_p50_ms"),
         "steady_ttft_p95_ratio_vs_round_robin": ratio("round_robin", "steady", "ttft_p95_ms"),
         "saturation_prefix_hit_rate": results["meridian"]["saturation"]["prefix_hit_rate"],
-        "prefix_hit_rate": results["meridian"]["steady"]["prefix_hit_rate"],
-        "steady_conversations_per_s": round(rate, 3),
-        "errors": sum(r[phase]["errors"] for r in results.values()
-                      for phase in ("saturation", "steady")),
+        "prefix_hit_rate": results["meridian"].get("steady", results["meridian"]["saturation"])[
+            "prefix_hit_rate"],
+        "round_robin_prefix_hit_rate": results["round_robin"]["saturation"]["prefix_hit_rate"],
+        "least_load_prefix_hit_rate": results["least_load"]["saturation"]["prefix_hit_rate"],
+        "steady_conversations_per_s": round(rate, 3) if rate else None,
+        "errors": sum(r[phase]["errors"] for r in results.values() for phase in r),
+        "engine": args.engine,
+        "profile": None if args.engine == "vllm" else args.profile,
+        "workload": {key: getattr(args, key) for key in (
+            "replicas", "users", "turns", "system_prompts", "system_tokens", "user_tokens",
+            "max_tokens", "kv_cache_tokens", "duration", "warmup", "rounds")},
         "policies": results,
         "seconds": round(time.monotonic() - started, 1),
     }

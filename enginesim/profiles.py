@@ -40,13 +40,15 @@ class Profile:
     # utilisation leaves about 54 GiB for it once weights and activations are placed.
     kv_cache_tokens: int = 440_000
     max_model_len: int = 131_072
+    # The prefix cache's block: vLLM's 16 tokens on a GPU; its CPU build uses 128.
+    block_tokens: int = 16
 
     def __post_init__(self) -> None:
         for name in ("overhead_s", "prefill_s_per_token", "itl_s", "itl_growth_per_seq"):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be >= 0")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens",
-                     "max_model_len"):
+                     "max_model_len", "block_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"profile {self.name!r}: {name} must be >= 1")
 
@@ -66,6 +68,17 @@ BUILTIN: dict[str, Profile] = {
     # Llama-3.1-70B keeps 320 KiB of KV per token; eight H100s at 0.9 leave ~420 GiB.
     "llama-70b-8xh100": Profile("llama-70b-8xh100", 0.080, 500e-6, 0.025,
                                 kv_cache_tokens=1_400_000),
+    # SmolLM2-135M-Instruct on vLLM 0.32's CPU build, one core (VLLM_CPU_OMP_THREADS_BIND),
+    # measured on the 2-core development machine (bench/prefix_routing.py --engine vllm
+    # calibrates against it): ~30 ms before the first step, ~0.65 ms per uncached prompt
+    # token, a 16 ms decode step alone growing ~4% per extra sequence (8 streams: ~21 ms a
+    # step). vLLM's CPU defaults: 128 sequences, 2,048 batched tokens, 128-token blocks;
+    # VLLM_CPU_KVCACHE_SPACE=1 GiB at 23 KiB of KV per token (30 layers × 3 KV heads × 64
+    # × 2 × bf16) holds 364 blocks.
+    "smollm2-135m-cpu": Profile("smollm2-135m-cpu", 0.030, 650e-6, 0.016,
+                                itl_growth_per_seq=0.04, max_num_seqs=128,
+                                max_num_batched_tokens=2048, kv_cache_tokens=364 * 128,
+                                max_model_len=8192, block_tokens=128),
     # No modelled time at all: for measuring what sits in front of an engine.
     "instant": Profile("instant", 0.0, 0.0, 0.0, itl_growth_per_seq=0.0),
 }

@@ -105,8 +105,8 @@ class NullRecorder:
         pass
 
 
-def blocks_for(tokens: int) -> int:
-    return -(-tokens // BLOCK_TOKENS)
+def blocks_for(tokens: int, block_tokens: int = BLOCK_TOKENS) -> int:
+    return -(-tokens // block_tokens)
 
 
 class Scheduler:
@@ -122,7 +122,8 @@ class Scheduler:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
                              f"greater than or equal to max_num_seqs ({self.max_num_seqs})")
         kv_tokens = kv_cache_tokens or profile.kv_cache_tokens
-        self.pool = BlockPool(max(kv_tokens // BLOCK_TOKENS, 1))
+        self.block_tokens = profile.block_tokens
+        self.pool = BlockPool(max(kv_tokens // self.block_tokens, 1))
         self.recorder: StepRecorder = recorder or NullRecorder()
         self.pending: list[tuple[float, int, Sequence]] = []
         self._order = itertools.count()
@@ -188,7 +189,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             n = min(seq.num_tokens - seq.num_computed, budget)
-            need = blocks_for(seq.num_computed + n) - len(seq.blocks)
+            need = blocks_for(seq.num_computed + n, self.block_tokens) - len(seq.blocks)
             scheduled = True
             while need > 0 and not pool.can_allocate(need):
                 victim = running.pop()
@@ -216,10 +217,10 @@ class Scheduler:
             if seq.finish_reason is not None:
                 waiting.popleft()
                 continue
-            hits = pool.lookup(seq.block_hashes, (seq.num_tokens - 1) // BLOCK_TOKENS)
-            computed = len(hits) * BLOCK_TOKENS
+            hits = pool.lookup(seq.block_hashes, (seq.num_tokens - 1) // self.block_tokens)
+            computed = len(hits) * self.block_tokens
             n = min(seq.num_tokens - computed, budget)
-            need = blocks_for(computed + n) - len(hits)
+            need = blocks_for(computed + n, self.block_tokens) - len(hits)
             if not pool.can_allocate(need, hits):
                 break
             waiting.popleft()
@@ -271,7 +272,7 @@ class Scheduler:
             if seq.finish_reason is not None:
                 continue
             seq.num_computed += n
-            full = min(seq.num_computed, seq.prompt_len) // BLOCK_TOKENS
+            full = min(seq.num_computed, seq.prompt_len) // self.block_tokens
             if full > seq.registered:
                 end = min(full, len(seq.block_hashes))
                 if end > seq.registered:

@@ -30,7 +30,6 @@ from aiohttp import web
 from enginesim.engine import Engine
 from enginesim.faults import FaultError, Faults, parse_faults
 from enginesim.metrics import EngineMetrics
-from enginesim.prefix_cache import BLOCK_TOKENS
 from enginesim.profiles import Profile
 from enginesim.protocol import (
     DONE,
@@ -89,6 +88,8 @@ class ServerConfig:
     # the render endpoints are off unless asked for.
     enable_prompt_tokens_details: bool = False
     enable_scale_out: bool = False
+    # The prefix cache's block, in tokens (the profile's: 16 as on a GPU, 128 on vLLM's CPU).
+    block_tokens: int = 16
 
     @property
     def fingerprint(self) -> str:
@@ -97,7 +98,8 @@ class ServerConfig:
     def cache_details(self, seq: Sequence) -> CacheDetails | None:
         if not self.enable_prompt_tokens_details:
             return None
-        full_blocks = seq.prompt_len // BLOCK_TOKENS * BLOCK_TOKENS
+        block = self.block_tokens
+        full_blocks = seq.prompt_len // block * block
         return CacheDetails(seq.num_cached, max(full_blocks - seq.num_cached, 0))
 
     def authorized(self, header: str | None) -> bool:
@@ -180,6 +182,7 @@ class EngineServer:
         self.engine = engine
         self.config = config
         self.unhung = asyncio.Event()
+        self.held = 0  # requests waiting at the gate while the engine hangs
         self.apply_faults(config.faults)
 
     # -- faults ------------------------------------------------------------------------------
@@ -196,7 +199,11 @@ class EngineServer:
     async def _gate(self) -> None:
         """Hold the request while the engine hangs, as a wedged engine would."""
         if not self.unhung.is_set():
-            await self.unhung.wait()
+            self.held += 1
+            try:
+                await self.unhung.wait()
+            finally:
+                self.held -= 1
 
     # -- vLLM's endpoints --------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -244,7 +251,8 @@ class EngineServer:
         created = int(time.time())
         served = cfg.served_model_names[0]
         offset = generation_offset(cfg.seed, parsed.seed, parsed.prompt)
-        seq = Sequence(prompt_tokens, block_hashes(parsed.prompt), max_tokens,
+        seq = Sequence(prompt_tokens,
+                       block_hashes(parsed.prompt, cfg.block_tokens), max_tokens,
                        _eos_at(parsed, offset), arrival)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not parsed.stream:
@@ -428,7 +436,8 @@ def build_app(profile: Profile, model: str, served_model_name: str | list[str],
     app = web.Application(client_max_size=64 * 1024 * 1024)
     config = ServerConfig(model, names, max_model_len, seed, faults or Faults(),
                           tuple(hashlib.sha256(k.encode()).digest() for k in api_keys or ()),
-                          enable_prompt_tokens_details, enable_scale_out)
+                          enable_prompt_tokens_details, enable_scale_out,
+                          block_tokens=scheduler.block_tokens)
 
     async def lifecycle(app: web.Application) -> Any:
         engine = Engine(scheduler, EngineMetrics(names[0], max_model_len))

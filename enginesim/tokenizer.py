@@ -73,16 +73,18 @@ def count_tokens(text: str) -> int:
     return -(-len(text) // PIECE_CHARS)
 
 
-def block_hashes(text: str) -> list[int]:
-    """Chained hashes of the prompt's full 16-token blocks (the last partial block has none).
+def block_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> list[int]:
+    """Chained hashes of the prompt's full blocks of `block_tokens` tokens (16 unless the
+    profile says otherwise; the last partial block has none).
 
     Block i's hash covers its own characters and block i-1's hash, so it matches another
     prompt's block only when the whole prefix up to and including it is equal.
     """
     hashes: list[int] = []
     parent = 0
-    for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
-        parent = hash((parent, text[start:start + BLOCK_CHARS]))
+    chars = PIECE_CHARS * block_tokens
+    for start in range(0, len(text) - chars + 1, chars):
+        parent = hash((parent, text[start:start + chars]))
         hashes.append(parent)
     return hashes
 
