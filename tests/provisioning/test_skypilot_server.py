@@ -99,6 +99,28 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+# Run beside the tests in a session of its own: it waits for its stdin, a pipe only the test
+# process holds, to close (the tests ended, or their process died however it died, SIGKILL
+# included), then kills every process started under the server's HOME. SkyPilot starts its
+# server in a session of its own, so nothing else would stop it after a killed test run.
+WATCHDOG = """
+import os, signal, sys, time
+sys.stdin.buffer.read()
+marker = b"HOME=" + sys.argv[1].encode() + b"\\0"
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if marker in handle.read() + b"\\0":
+                    os.kill(int(entry), sig)
+        except OSError:
+            pass
+    time.sleep(3)
+"""
+
+
 class ApiServer:
     """One `sky api start` server under its own HOME and port; `stop` is idempotent."""
 
@@ -111,6 +133,8 @@ class ApiServer:
                         AWS_EC2_METADATA_DISABLED="true",
                         PYTHONPATH=str(REPO_ROOT))  # the admin policy is imported from here
         self.stopped = False
+        self.watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(home)],
+                                         stdin=subprocess.PIPE, start_new_session=True)
 
     def prepare(self) -> None:
         sky_dir = self.home / ".sky"
@@ -151,6 +175,8 @@ class ApiServer:
         if self.stopped:
             return
         self.stopped = True
+        if self.watchdog.stdin is not None:
+            self.watchdog.stdin.close()  # it sweeps up too, once we are done here
         if _processes_of(self.home):
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 self.sky("api", "stop", timeout=60)
