@@ -47,10 +47,10 @@ test: setup engine
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 	@# The edge once more from its sources: what runs where it could not be compiled.
-	MERIDIAN_EDGE_PURE=1 $(BIN)/python -m pytest tests/edge tests/contract
+	MERIDIAN_EDGE_PURE=1 MERIDIAN_CONTRACT_ENGINES=enginesim $(BIN)/python -m pytest tests/edge tests/contract
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not e2e and not browser"
+	$(BIN)/python -m pytest -m "not e2e and not browser and not real_engine and not skypilot_server"
 
 lint: setup
 	$(BIN)/ruff check .

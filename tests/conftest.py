@@ -11,6 +11,33 @@ import pytest
 
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
+# Parameter values that mean "against a real vLLM" (the contract suite's and Prometheus's).
+REAL_ENGINE_PARAMS = {"vllm", "vllm-cpu"}
+_real_engine_outcomes: dict[str, int] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that runs against a real vLLM, so the run can say how many did."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = {str(v) for v in callspec.params.values()} if callspec else set()
+        if params & REAL_ENGINE_PARAMS:
+            item.add_marker(pytest.mark.real_engine)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "real_engine" not in report.keywords:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        _real_engine_outcomes[report.outcome] = _real_engine_outcomes.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: object) -> None:
+    if _real_engine_outcomes:
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(_real_engine_outcomes.items()))
+        terminalreporter.write_line(  # type: ignore[attr-defined]
+            f"against a real vLLM engine: {sum(_real_engine_outcomes.values())} tests ({counts})")
+
 
 @pytest.fixture
 def catalog(db):  # type: ignore[no-untyped-def]

@@ -28,7 +28,7 @@ from tests.edge.helpers import running_edge, wait_until
 from tests.edge.test_enginesim import RecordingRelay, response_body
 from tests.real_engine import RealEngine, start_vllm
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 __all__ = ["signing_key"]  # the edge tests' fixture, used here too
 
 MODEL = "smollm2-135m-instruct"
