@@ -227,6 +227,8 @@ def check(replica_id: int) -> str:
                    f"{status.message}", last_error=status.message)
         return S.FAILED
     if timezone.now() - replica.created_at > READY_TIMEOUT:
+        _launch_ended(replica, "failed", f"not ready after {READY_TIMEOUT}: {status.message}",
+                      "timeout")
         transition(replica, S.FAILED, actor=SYSTEM, reason="not ready in time",
                    last_error=f"not ready after {READY_TIMEOUT}")
         return S.FAILED
