@@ -8,8 +8,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from controlplane.lab import backing
+from controlplane.lab.processes import ProcessGroup, quiet_broken_output, say
+
+if TYPE_CHECKING:
+    from controlplane.lab.bootstrap import LabCredentials
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,12 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def say(message: str) -> None:
-    print(f"[lab] {message}", flush=True)
+class LabStopped(BaseException):
+    """SIGTERM while the lab starts: unwinds like Ctrl-C's KeyboardInterrupt, so that the
+    cleanup in `main`'s finally stops what was started so far."""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_stopped)
     say("finding Postgres and Redis")
     database_url = os.environ.get("DATABASE_URL") or backing.lab_database_url()
     redis_url = os.environ.get("REDIS_URL") or backing.lab_redis_url()
@@ -75,13 +82,66 @@ def main(argv: list[str] | None = None) -> int:
         generate_key_files(key_file)
         say(f"  generated the table-signing key {key_file}")
 
-    from controlplane.lab.processes import ProcessGroup
+    group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
+    guard = None
+    stopping = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    code = 1
+    try:
+        if not args.no_fleet:
+            from controlplane.lab.guard import start_guard
+
+            # Engines are detached from the worker that starts them; the guard stops them if
+            # the lab dies without its cleanup (SIGKILL).
+            guard = start_guard(sys.executable, args.var_dir / "lab" / "replicas",
+                                group.log_dir / "guard.log")
+        _start(args, group, creds, key_file)
+        # Started: from here a signal only ends the wait below.
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+        code = 0
+        while not stopping:
+            dead = group.dead()
+            if dead:
+                for child in dead:
+                    say(f"{child.name} exited with {child.process.returncode}; "
+                        f"see {child.log_path}")
+                code = 1
+                break
+            time.sleep(0.5)
+    except (KeyboardInterrupt, LabStopped):
+        code = 130
+    finally:
+        # Nothing may interrupt the cleanup, and a failing print must not skip it (say()
+        # swallows a closed output).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        say("stopping every process")
+        group.stop()
+        if not args.no_fleet:
+            from controlplane.lab.fleet import stop_local_replicas
+
+            stopped = stop_local_replicas()
+            say(f"terminated {len(stopped)} local replica(s)")
+        if guard is not None:
+            from controlplane.lab.guard import release_guard
+
+            release_guard(guard)
+        say("stopped")
+    return code
+
+
+def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
+           key_file: Path) -> None:
+    """Start the control plane's processes, the fleet and the edges; print how to use them."""
+    from controlplane.lab.prometheus import start_prometheus
 
     python = sys.executable
     bind = f"{args.host}:{args.web_port}"
-    from controlplane.lab.prometheus import start_prometheus
-
-    group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
     if os.environ.get("PROMETHEUS_URL"):
         say(f"  Prometheus: {os.environ['PROMETHEUS_URL']} (from the environment)")
     elif prometheus_url := start_prometheus(group, args.var_dir, args.host,
@@ -128,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         for edge in edges:
             group.start(edge.name, edge_argv(python, edge, args.var_dir,
                                              key_file.with_suffix(".pub.pem"), base, token_file))
-    print(
-        f"""
+    _print_banner(f"""
   Meridian lab is up.
     Dashboard   {base}/            (login: {creds.username} / {creds.password})
     Admin       {base}/admin/
@@ -145,35 +204,18 @@ def main(argv: list[str] | None = None) -> int:
 
 {_edge_curl(edges, creds.demo_api_key, args.engine)}
   Ctrl-C stops everything.
-""",
-        flush=True,
-    )
-    stopping = False
+""")
 
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    code = 0
-    while not stopping:
-        dead = group.dead()
-        if dead:
-            for child in dead:
-                say(f"{child.name} exited with {child.process.returncode}; see {child.log_path}")
-            code = 1
-            break
-        time.sleep(0.5)
-    say("stopping every process")
-    group.stop()
-    if not args.no_fleet:
-        from controlplane.lab.fleet import stop_local_replicas
+def _print_banner(text: str) -> None:
+    try:
+        print(text, flush=True)
+    except (OSError, ValueError):
+        quiet_broken_output()
 
-        stopped = stop_local_replicas()
-        say(f"terminated {len(stopped)} local replica(s)")
-    say("stopped")
-    return code
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise LabStopped
 
 
 def _edge_curl(edges: list, key: str, engine: str) -> str:  # type: ignore[type-arg]
@@ -198,4 +240,7 @@ def _redact(url: str) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (KeyboardInterrupt, LabStopped):  # stopped before anything was started
+        sys.exit(130)

@@ -11,6 +11,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
+
+
+def say(message: str, stream: TextIO | None = None) -> None:
+    """Print a lab line; an output nobody reads any more (a closed pipe, a gone terminal) is
+    not an error: the lab still has to stop what it started."""
+    try:
+        print(f"[lab] {message}", file=stream or sys.stdout, flush=True)
+    except (OSError, ValueError):  # BrokenPipeError is an OSError; ValueError: closed stream
+        quiet_broken_output()
+
+
+def quiet_broken_output() -> None:
+    """Send what would still be written to stdout and stderr to /dev/null once their reader is
+    gone, so that neither a later print nor the interpreter's exit flush raises."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+    os.close(devnull)
 
 
 @dataclass
