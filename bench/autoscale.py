@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from controlplane.lab.processes import die_with_parent  # noqa: E402
+
 MODEL = "llama-3.1-8b"
 MAX_NUM_SEQS = 4
 CONCURRENCY = 16
@@ -58,7 +60,8 @@ def start_engine(port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
         [sys.executable, "-m", "enginesim", "--port", str(port), "--model", MODEL,
-         "--max-num-seqs", str(MAX_NUM_SEQS)], cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+         "--max-num-seqs", str(MAX_NUM_SEQS)], cwd=REPO, env=env, stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent())
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import httptools  # noqa: E402
 
+from controlplane.lab.processes import die_with_parent  # noqa: E402
 from edge import BUILD  # noqa: E402
 from edge.local import LocalEdge, build_table, free_port, replica_entry  # noqa: E402
 
@@ -339,7 +341,7 @@ def start_upstream(gap_s: float) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, __file__, "--serve-upstream", str(port), "--sse-gap-ms",
-         str(gap_s * 1000)], stdout=subprocess.PIPE)
+         str(gap_s * 1000)], stdout=subprocess.PIPE, preexec_fn=die_with_parent())
     assert process.stdout is not None
     line = process.stdout.readline()
     if b"READY" not in line:
@@ -355,8 +357,10 @@ def start_nginx(upstream_port: int, workdir: Path) -> tuple[subprocess.Popen[byt
     port = free_port()
     conf = workdir / "nginx.conf"
     conf.write_text(NGINX_CONF.format(dir=workdir, upstream=upstream_port, port=port))
+    # SIGTERM, not SIGKILL, so that nginx's master stops its workers too.
     process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(workdir)],
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL,
+                               preexec_fn=die_with_parent(signal.SIGTERM))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -453,10 +457,12 @@ def main() -> int:
     started = time.monotonic()
     processes: list[subprocess.Popen[bytes]] = []
     workdir = Path(tempfile.mkdtemp(prefix="meridian-bench-"))
-    edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
+    edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"],
+                     preexec_fn=die_with_parent())
     # The same edge run from source beside the compiled one, when there is a compiled one.
     source_edge = (LocalEdge(name="edge-bench-source", extra_args=["--probe-interval", "1"],
-                             env={"MERIDIAN_EDGE_PURE": "1"}) if BUILD.native else None)
+                             env={"MERIDIAN_EDGE_PURE": "1"}, preexec_fn=die_with_parent())
+                   if BUILD.native else None)
     edges = [edge] if source_edge is None else [edge, source_edge]
     try:
         upstream, upstream_port = start_upstream(args.sse_gap_ms / 1000)

@@ -36,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controlplane.lab.processes import die_with_parent  # noqa: E402
 from enginesim.profiles import BUILTIN, DEFAULT  # noqa: E402
 
 LEVELS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)
@@ -175,7 +176,8 @@ def main() -> None:
     base_tokens = 40 if args.quick else 150
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "enginesim", "--port", str(port),
-                               "--model", "sim"], cwd=REPO, stderr=subprocess.DEVNULL)
+                               "--model", "sim"], cwd=REPO, stderr=subprocess.DEVNULL,
+                              preexec_fn=die_with_parent())
     results: list[dict[str, object]] = []
     started = time.monotonic()
     try:

@@ -45,6 +45,10 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from controlplane.lab.processes import die_with_parent  # noqa: E402
+
 MODEL = "llama-3.1-8b"
 
 
@@ -108,7 +112,8 @@ def start_lab(var_dir: Path) -> Lab:
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
          str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region", "2"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+        # A killed benchmark stops its lab (SIGTERM: the lab stops its processes and engines).
+        start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
     token = None
     deadline = time.monotonic() + 240
     while token is None:

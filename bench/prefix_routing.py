@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
+from controlplane.lab.processes import die_with_parent  # noqa: E402
 from edge.health import parse_engine_metrics  # noqa: E402
 from edge.local import LocalEdge, build_table, free_port, replica_entry  # noqa: E402
 
@@ -218,7 +219,7 @@ def start_engines(ports: list[int], kv_cache_tokens: int, profile: str = "llama-
          "--profile", profile, "--kv-cache-tokens", str(kv_cache_tokens),
          "--max-model-len", str(min(max_model_len, kv_cache_tokens)),
          "--seed", str(i)],
-        cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+        cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
         for i, port in enumerate(ports)]
     deadline = time.monotonic() + 30
     for port in ports:

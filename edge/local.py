@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +70,12 @@ class LocalEdge:
     def __init__(self, name: str = "edge-lab-1", region: str = "local:lab-1",
                  key: Ed25519PrivateKey | None = None, state_dir: Path | None = None,
                  access_log: str | None = None, extra_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.name = name
+        # Run in the child before the edge starts: benchmarks and tests pass one that makes
+        # the edge die with them (controlplane.lab.processes.die_with_parent).
+        self.preexec_fn = preexec_fn
         self.region = region
         self.key = key or Ed25519PrivateKey.generate()
         self._tmp = tempfile.TemporaryDirectory(prefix="meridian-edge-")
@@ -105,7 +109,7 @@ class LocalEdge:
         root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                **self.env}
-        self.process = subprocess.Popen(command, env=env, cwd=root)
+        self.process = subprocess.Popen(command, env=env, cwd=root, preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from controlplane.lab.processes import die_with_parent
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir", str(tmp_path),
          "--edge-port", str(edge_port)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
     )
     output: list[str] = []
     engine_pids: list[int] = []

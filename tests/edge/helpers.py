@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.processes import die_with_parent
 from edge.keys import public_key_id
 from edge.server import Edge, EdgeConfig
 from edge.table import canonical_bytes, sign_table
@@ -82,7 +83,7 @@ def start_engine_process(port: int, delay_s: float = 0.0,
     """A fake engine in its own process, so that a test can kill it for real."""
     process = subprocess.Popen(
         [sys.executable, str(HERE / "fake_engine.py"), "--port", str(port), "--model", model,
-         "--delay", str(delay_s)], stdout=subprocess.PIPE)
+         "--delay", str(delay_s)], stdout=subprocess.PIPE, preexec_fn=die_with_parent())
     assert process.stdout is not None
     line = process.stdout.readline()
     if b"READY" not in line:

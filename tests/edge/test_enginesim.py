@@ -17,6 +17,8 @@ import httptools
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.processes import die_with_parent
+
 from .conftest import API_KEY, TableFactory, replica
 from .helpers import free_port, running_edge, wait_until
 
@@ -30,7 +32,7 @@ def start_enginesim(port: int, profile: str = "llama-8b-h100") -> subprocess.Pop
     return subprocess.Popen(
         [sys.executable, "-m", "enginesim", "--port", str(port), "--model", "sim",
          "--profile", profile], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.DEVNULL)
+        stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.processes import die_with_parent
 from edge.keys import public_key_pem
 from edge.table import canonical_bytes, load_verified, save_last_known_good, sign_table
 
@@ -52,7 +53,7 @@ def test_python_m_edge_serves_its_last_known_good_table_and_stops_on_sigterm(
          "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
          "--state-dir", str(state), "--public-key", str(key_file), "--no-probes",
          "--access-log", "off", "--log-level", "WARNING"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=die_with_parent())
     try:
         deadline = time.monotonic() + 15
         while True:

@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from controlplane.lab.processes import die_with_parent
+
 T = TypeVar("T")
 
 
@@ -38,7 +40,7 @@ def start_relay(upstream: int, listens: dict[int, float]) -> subprocess.Popen[by
             "--upstream", f"127.0.0.1:{upstream}"]
     for port, delay_ms in listens.items():
         argv += ["--listen", f"127.0.0.1:{port}={delay_ms}"]
-    relay = subprocess.Popen(argv)
+    relay = subprocess.Popen(argv, preexec_fn=die_with_parent())
     for port in listens:
         wait_until(lambda p=port: port_open(p), 15, what=f"relay listening on {port}")
     return relay
