@@ -2,10 +2,19 @@
 
 A replica whose /health probe is refused or reset has lost its process or its network:
 one such probe fails it. A probe that times out may be a stall under load, so it takes
-`TIMEOUTS_TO_FAIL` in a row. A region is down when at least `DOWN_AFTER_FAILURES` replicas
-failed there recently and none serves (one lost replica is a replica's problem, not the
-region's); degraded while a failure there is still being answered (its incident is open);
-healthy again once it is resolved.
+`TIMEOUTS_TO_FAIL` in a row.
+
+A region is:
+
+- down while a drill has killed it and nothing serves there again, or when at least
+  `DOWN_AFTER_FAILURES` replicas failed there within `DOWN_HOLD_S` and none serves (one lost
+  replica is a replica's problem, not the region's). Failures older than the region's newest
+  live replica do not count: the region has been given a replica since (a restarted lab's
+  leftovers, or a replacement placed there);
+- degraded while a failure there is still being answered (its incident is open);
+- idle when nothing serves there: no replicas, or only draining or starting ones, or a down
+  region whose hold has passed ("recovered") and that holds nothing yet;
+- healthy when replicas serve and none failed unanswered.
 """
 
 from __future__ import annotations
@@ -14,6 +23,9 @@ from dataclasses import dataclass
 
 TIMEOUTS_TO_FAIL = 2
 DOWN_AFTER_FAILURES = 2
+# How long a region that lost its replicas stays down without a new failure; after it, the
+# region may take replacements again (the periodic replan moves displaced replicas back).
+DOWN_HOLD_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -39,18 +51,37 @@ class RegionCounts:
     starting: int  # pending, provisioning or starting
     failed_recently: int  # failed within the health window (terminated since or not)
     open_incident: bool = False  # a failure there is still being answered
+    draining: int = 0
+    # Failures within DOWN_HOLD_S and after the region's newest live replica was created;
+    # None: the same as failed_recently.
+    failed_lately: int | None = None
+    drill: bool = False  # an open drill killed this region
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def region_state(counts: RegionCounts) -> tuple[str, str]:
-    """(healthy | degraded | down, reason)."""
-    if counts.failed_recently >= DOWN_AFTER_FAILURES and not counts.serving:
-        starting = f"; {counts.starting} starting" if counts.starting else ""
-        return "down", f"{counts.failed_recently} replicas failed and none serves{starting}"
+    """(healthy | degraded | down | idle, reason)."""
+    lately = counts.failed_recently if counts.failed_lately is None else counts.failed_lately
+    starting = f"; {counts.starting} starting" if counts.starting else ""
+    if not counts.serving and counts.drill and counts.failed_recently:
+        return "down", f"drill: {_plural(counts.failed_recently, 'replica')} killed and none serves{starting}"
+    if lately >= DOWN_AFTER_FAILURES and not counts.serving:
+        return "down", f"{lately} replicas failed and none serves{starting}"
     if counts.failed_recently and counts.open_incident:
         failed, serving = counts.failed_recently, counts.serving
-        return "degraded", (f"{failed} replica{'s' if failed != 1 else ''} failed recently; "
+        return "degraded", (f"{_plural(failed, 'replica')} failed recently; "
                             f"{serving} serve{'s' if serving == 1 else ''}")
     if not counts.serving:
-        return "healthy", "no replicas"
+        waiting = [_plural(n, "replica") + " " + what for n, what in
+                   ((counts.draining, "draining"), (counts.starting, "starting")) if n]
+        if counts.failed_recently >= DOWN_AFTER_FAILURES:
+            return "idle", (f"recovered from {counts.failed_recently} failures; nothing serves "
+                            "here yet" + (f" ({', '.join(waiting)})" if waiting else ""))
+        if waiting:
+            return "idle", "nothing serves: " + ", ".join(waiting)
+        return "idle", "no replicas"
     return "healthy", f"{counts.serving} replica{'s' if counts.serving != 1 else ''} serve" + (
         "s" if counts.serving == 1 else "")

@@ -9,6 +9,7 @@ class Health(models.TextChoices):
     HEALTHY = "healthy", "Healthy"
     DEGRADED = "degraded", "Degraded"
     DOWN = "down", "Down"
+    IDLE = "idle", "Idle"  # nothing serves there: no replicas, or only draining/starting ones
 
 
 class RegionHealth(models.Model):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
@@ -37,7 +37,12 @@ from controlplane.deployments.lifecycle import (
 )
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.failover.health import RegionCounts, region_state, replica_verdict
+from controlplane.failover.health import (
+    DOWN_HOLD_S,
+    RegionCounts,
+    region_state,
+    replica_verdict,
+)
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
 from controlplane.failover.probes import probe_all
 from controlplane.placement import proposals
@@ -52,6 +57,7 @@ log = logging.getLogger(__name__)
 
 ACTOR = "system:failover"
 HEALTH_WINDOW = timedelta(minutes=10)
+DOWN_HOLD = timedelta(seconds=DOWN_HOLD_S)
 # A region where a deployment lost this many replicas within the window gets no more of its
 # replacements until the window passes (a backoff for regions that keep failing).
 FLAPPING_FAILURES = 3
@@ -77,7 +83,8 @@ class WatchReport:
 
 def watch(now: datetime | None = None) -> WatchReport:
     report = WatchReport()
-    failed = probe_and_fail(report) + failed_elsewhere()
+    failed = probe_and_fail(report)
+    failed += [r for r in failed_elsewhere() if r.pk not in {f.pk for f in failed}]
     if failed:
         pushed = push_tables_now(f"failover: {', '.join(r.public_id for r in failed)} failed")
         report.tables_version = pushed
@@ -193,18 +200,27 @@ def note(incident: Incident, text: str) -> None:
 
 # -- 4. replacements --------------------------------------------------------------------------
 
-def excluded_regions(deployment: Deployment, now: datetime | None = None) -> set[str]:
-    """Region keys where no replacement should go: down, or failing again and again."""
+def excluded_regions(deployment: Deployment, now: datetime | None = None) -> dict[str, str]:
+    """Region keys where no replacement should go, with why: down, under a drill that is
+    still open, or failing again and again."""
     now = now or timezone.now()
-    down = set(RegionHealth.objects.filter(state=Health.DOWN).select_related("region__cloud")
-               .values_list("region__cloud__name", "region__code"))
+    out: dict[str, str] = {}
+    for cloud, code, reason in (RegionHealth.objects.filter(state=Health.DOWN)
+                                .values_list("region__cloud__name", "region__code", "reason")):
+        out[f"{cloud}:{code}"] = f"down: {reason}" if reason else "down"
+    for cloud, code, pk in (Incident.objects.filter(kind=IncidentKind.DRILL,
+                                                    resolved_at__isnull=True)
+                            .values_list("region__cloud__name", "region__code", "pk")):
+        out.setdefault(f"{cloud}:{code}", f"drill #{pk} is still open")
     flapping = (deployment.replicas.filter(last_error__gt="", state_changed_at__gte=now - HEALTH_WINDOW,
                                            state__in=(S.FAILED, S.TERMINATED))
                 .values("region__cloud__name", "region__code").annotate(n=Count("id"))
                 .filter(n__gte=FLAPPING_FAILURES))
-    keys = {f"{c}:{code}" for c, code in down}
-    keys |= {f"{row['region__cloud__name']}:{row['region__code']}" for row in flapping}
-    return keys
+    for row in flapping:
+        out.setdefault(f"{row['region__cloud__name']}:{row['region__code']}",
+                       f"{row['n']} of its replicas failed there within "
+                       f"{HEALTH_WINDOW.total_seconds() / 60:.0f} min")
+    return out
 
 
 def replace_failed() -> list[str]:
@@ -215,8 +231,28 @@ def replace_failed() -> list[str]:
     return made
 
 
+@dataclass
+class Replacement:
+    """Where replacements went and why, for the incident's timeline."""
+
+    replicas: list[Replica]
+    region: str
+    why: str
+
+    def text(self) -> str:
+        names = ", ".join(r.public_id for r in self.replicas)
+        return f"{names} → {self.region}: {self.why}"
+
+
 def replace_for(deployment_id: int) -> list[str]:
-    """Place replacements for a deployment's failed replicas, then release the failed ones."""
+    """Place replacements for a deployment's failed replicas, then release the failed ones.
+
+    In place first: a failed replica's region takes its replacement unless that region is
+    excluded (down, drilled, flapping) or has no room. What is left goes elsewhere through
+    the solver, inside the deployment's jurisdictions, with the spread lowered to the regions
+    left; the periodic replan moves it back once the lost region is usable and the spread
+    rule is broken.
+    """
     with transaction.atomic():
         deployment = (Deployment.objects.select_for_update().select_related("model")
                       .prefetch_related("allowed_jurisdictions", "user_regions")
@@ -231,38 +267,84 @@ def replace_for(deployment_id: int) -> list[str]:
         active = [r for r in live if r.state != S.DRAINING]
         target = min(deployment.max_replicas,
                      max(deployment.min_replicas, len(active) + len(failed)))
-        made: list[Replica] = []
+        placed: list[Replacement] = []
         if target > len(active):
-            skip = excluded_regions(deployment)
-            # Replacements are counted one for one, without demand, so they keep the GPU type
-            # of what failed (or still runs): the same engine on it serves as much. Nodes
-            # that cannot hold the deployment's TP × PP are no options of the solver's.
-            gpus = {r.offer.gpu_type.name for r in [*live, *failed] if r.offer is not None}
-            placed = proposals.place_additions(deployment, active, target - len(active),
-                                               gpu_types=gpus, avoid_regions=skip,
-                                               lower_spread=True)
-            if not placed.slots:
-                _note_once(failed, f"no replacement for {deployment.name}: "
-                           + "; ".join(placed.result.explanation[:2]))
+            placed = _place_replacements(deployment, failed, live, active, target - len(active))
+            if not placed:
                 return []
-            reason = (f"replace {', '.join(r.public_id for r in failed)}"
-                      + (f" (avoiding {', '.join(sorted(skip))})" if skip else ""))
-            for offer, spot, count in placed.slots:
-                made += request_replicas(deployment, offer.region, count, actor=ACTOR,
-                                         reason=reason, spot=spot, offer=offer)
+        made = [r for p in placed for r in p.replicas]
         names = [r.public_id for r in made]
-        _attach_replacements(failed, names)
+        _attach_replacements(failed, names, placed)
     for dead in failed:
         terminate_failed(dead)
     return names
 
 
-def _attach_replacements(failed: list[Replica], names: list[str]) -> None:
+def _place_replacements(deployment: Deployment, failed: list[Replica], live: list[Replica],
+                        active: list[Replica], need: int) -> list[Replacement]:
+    skip = excluded_regions(deployment)
+    # Replacements are counted one for one, without demand, so they keep the GPU type of
+    # what failed (or still runs): the same engine on it serves as much. Nodes that cannot
+    # hold the deployment's TP × PP are no options of the solver's.
+    gpus = {r.offer.gpu_type.name for r in [*live, *failed] if r.offer is not None}
+    names = ", ".join(r.public_id for r in failed)
+    lost = Counter(r.region.key for r in failed)
+    everywhere = {o.region for o in proposals.offer_options()}
+    placed: list[Replacement] = []
+    kept: list[Replica] = list(active)
+    why_not_here: dict[str, str] = {}
+    for region, n in sorted(lost.items()):
+        if need <= 0:
+            break
+        if region in skip:
+            why_not_here[region] = skip[region]
+            continue
+        here = proposals.place_additions(deployment, kept, min(n, need), gpu_types=gpus,
+                                         avoid_regions=everywhere - {region}, lower_spread=True)
+        if not here.slots:
+            why_not_here[region] = "no room: " + "; ".join(here.result.explanation[:1])
+            continue
+        made = _request(deployment, here.slots, f"replace {names} in place")
+        placed.append(Replacement(made, region, "in place (the region is usable)"))
+        kept += made
+        need -= len(made)
+    if need > 0:
+        elsewhere = proposals.place_additions(deployment, kept, need, gpu_types=gpus,
+                                              avoid_regions=set(skip), lower_spread=True)
+        if not elsewhere.slots and not placed:
+            _note_once(failed, f"no replacement for {deployment.name}: "
+                       + "; ".join(elsewhere.result.explanation[:2]))
+            return []
+        away = "; ".join(f"{k} {v}" for k, v in sorted(why_not_here.items())) or "cheapest"
+        reason = f"replace {names} elsewhere ({away})"
+        for offer, spot, count in elsewhere.slots:
+            made = _request(deployment, [(offer, spot, count)], reason)
+            placed.append(Replacement(
+                made, offer.region.key,
+                f"elsewhere, inside the deployment's jurisdictions ({away}); the periodic "
+                "replan moves it back once the spread rule is broken and the region is usable"))
+    return placed
+
+
+def _request(deployment: Deployment, slots: list[tuple[Any, bool, int]], reason: str
+             ) -> list[Replica]:
+    made: list[Replica] = []
+    for offer, spot, count in slots:
+        made += request_replicas(deployment, offer.region, count, actor=ACTOR, reason=reason,
+                                 spot=spot, offer=offer)
+    return made
+
+
+def _attach_replacements(failed: list[Replica], names: list[str],
+                         placed: list[Replacement]) -> None:
     ids = {r.public_id for r in failed}
     for incident in Incident.objects.select_for_update().filter(resolved_at__isnull=True):
         if ids & set(incident.failed_replicas):
             incident.replacements = sorted(set(incident.replacements) | set(names))
-            note(incident, f"replacements requested: {', '.join(names) or 'none needed'}")
+            if not placed:
+                note(incident, "replacements requested: none needed (enough replicas serve)")
+            for p in placed:
+                note(incident, "replacement requested: " + p.text())
             incident.save(update_fields=["replacements", "notes"])
 
 
@@ -284,17 +366,34 @@ def _note_once(failed: list[Replica], text: str) -> None:
 def region_counts(now: datetime | None = None) -> dict[int, RegionCounts]:
     now = now or timezone.now()
     since = now - HEALTH_WINDOW
+    failure = Q(state__in=(S.FAILED, S.TERMINATED), last_error__gt="", state_changed_at__gte=since)
     rows = (Replica.objects.filter(Q(state__in=LIVE_STATES) | Q(state_changed_at__gte=since))
             .values("region_id").annotate(
                 serving=Count("id", filter=Q(state__in=SERVING_STATES)),
                 starting=Count("id", filter=Q(state__in=STARTING_STATES)),
-                failed=Count("id", filter=Q(state__in=(S.FAILED, S.TERMINATED), last_error__gt="",
-                                            state_changed_at__gte=since))))
-    answering = set(Incident.objects.filter(resolved_at__isnull=True)
-                    .values_list("region_id", flat=True))
-    return {row["region_id"]: RegionCounts(row["serving"], row["starting"], row["failed"],
-                                           row["region_id"] in answering)
-            for row in rows}
+                draining=Count("id", filter=Q(state=S.DRAINING)),
+                failed=Count("id", filter=failure),
+                newest_live=Max("created_at", filter=Q(state__in=LIVE_STATES))))
+    # Failures recent enough to keep a region down: within the hold, and later than the
+    # region's newest live replica (a region given a replica since is not written off).
+    lately: dict[int, list[datetime]] = defaultdict(list)
+    for region_id, at in (Replica.objects.filter(failure, state_changed_at__gte=now - DOWN_HOLD)
+                          .values_list("region_id", "state_changed_at")):
+        lately[region_id].append(at)
+    answering: dict[int | None, bool] = {}
+    for region_id, kind in Incident.objects.filter(resolved_at__isnull=True).values_list(
+            "region_id", "kind"):
+        answering[region_id] = answering.get(region_id, False) or kind == IncidentKind.DRILL
+    out = {}
+    for row in rows:
+        newest = row["newest_live"]
+        failed_lately = sum(1 for at in lately.get(row["region_id"], ())
+                            if newest is None or at > newest)
+        out[row["region_id"]] = RegionCounts(
+            row["serving"], row["starting"], row["failed"], row["region_id"] in answering,
+            draining=row["draining"], failed_lately=failed_lately,
+            drill=answering.get(row["region_id"], False))
+    return out
 
 
 def update_region_health(now: datetime | None = None) -> list[str]:

@@ -4,9 +4,12 @@ Every run (`placement.replan`, under an advisory lock):
 
 1. finds the rules running replicas break — a region disabled (or its cloud), a region whose
    RegionHealth is down, an offer that no longer exists, a region outside the deployment's
-   jurisdictions, a quota pool running more GPUs than its limit, a price that moved since the
-   plan that placed the replica;
+   jurisdictions, a deployment in fewer regions than its spread asks while enough usable
+   regions exist (failover placed its replacements elsewhere), a quota pool running more GPUs
+   than its limit, a price that moved since the plan that placed the replica;
 2. solves the whole fleet (offers in down regions are not options, so replicas there must go);
+   a deployment no plan can place is left out, its replicas untouched, and marked with why
+   (`placement_problem`), so it never blocks the others;
 3. stores a Plan only when it changes something and either a rule is broken or the saving
    passes both thresholds (absolute $/h and a fraction of today's $/h); a plan identical to
    the one already proposed is kept, not repeated, and one an operator rejected recently is
@@ -37,6 +40,7 @@ from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.failover.models import Health, RegionHealth
 from controlplane.placement.candidates import CandidateIndex
 from controlplane.placement.capacity import replica_nodes
@@ -49,7 +53,7 @@ from controlplane.placement.proposals import (
     store_plan,
 )
 from controlplane.placement.result import PlacementResult
-from controlplane.placement.search import solve
+from controlplane.placement.search import solve_placeable
 from controlplane.plans import apply as plans
 from regions.models import Quota, Region
 
@@ -79,7 +83,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class BrokenRule:
-    kind: str  # region_disabled | region_down | offer_missing | jurisdiction | quota | price
+    kind: str  # region_disabled | region_down | offer_missing | jurisdiction | spread | quota | price
     detail: str
     deployment: str = ""
     region: str = ""
@@ -160,6 +164,7 @@ def find_broken_rules(deployments: list[Deployment], options: tuple[OfferOption,
     broken = [BrokenRule(kind, detail, name, region, tuple(pks))
               for (kind, name, region, detail), pks in groups.items()]
     shapes = _Shapes(deployments, options)
+    broken += _spread_broken(deployments, replicas, shapes)
     broken += _quota_broken(replicas, shapes)
     broken += _price_broken(replicas, shapes, thresholds)
     return broken
@@ -185,6 +190,29 @@ class _Shapes:
         if shape is not None:
             return shape.nodes
         return replica_nodes(d.tensor_parallel, d.pipeline_parallel, o.gpus_per_node) or 1
+
+
+def _spread_broken(deployments: list[Deployment], replicas: list[Replica], shapes: _Shapes
+                   ) -> list[BrokenRule]:
+    """Deployments running in fewer regions than their spread rule asks, where enough usable
+    regions exist (failover lowers the spread while a region is down; this moves back)."""
+    regions: dict[int, set[str]] = defaultdict(set)
+    for r in replicas:
+        regions[r.deployment_id].add(r.region.key)
+    out = []
+    for d in deployments:
+        here = regions.get(d.pk, set())
+        if not here or len(here) >= d.spread_regions:
+            continue
+        allowed = shapes.requests[d.pk].allowed_jurisdictions
+        usable = {o.region for o in shapes.options.values() if o.jurisdiction in allowed}
+        if len(usable) < d.spread_regions:
+            continue
+        out.append(BrokenRule(
+            "spread", f"{d.name} runs in {len(here)} region{'s' if len(here) != 1 else ''} "
+            f"({', '.join(sorted(here))}); its spread rule asks for {d.spread_regions}",
+            d.name, "", tuple(r.pk for r in replicas if r.deployment_id == d.pk)))
+    return out
 
 
 def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:
@@ -309,7 +337,11 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
     down = {r.key for r in Region.objects.filter(pk__in=down_regions()).select_related("cloud")}
     options = tuple(o for o in offer_options() if o.region not in down)
     broken = find_broken_rules(deployments, options, thresholds)
-    result = solve(build_problem(deployments, options))
+    result = solve_placeable(build_problem(deployments, options))
+    unplaced = dict(result.unplaced)
+    if result.has_plan:
+        mark_placeable(d.pk for d in deployments if d.pk not in unplaced)
+    mark_unplaceable(unplaced)
     outcome = ReplanOutcome("none", "", broken, result.cost_before_usd_h,
                             result.cost_after_usd_h)
     orphans = _orphan_rows(broken)

@@ -16,7 +16,7 @@ def test_timeouts_fail_only_when_two_come_in_a_row():
 
 def test_region_states():
     assert region_state(RegionCounts(serving=2, starting=0, failed_recently=0))[0] == "healthy"
-    assert region_state(RegionCounts(0, 0, 0)) == ("healthy", "no replicas")
+    assert region_state(RegionCounts(0, 0, 0)) == ("idle", "no replicas")
     state, reason = region_state(RegionCounts(1, 0, failed_recently=1, open_incident=True))
     assert state == "degraded" and reason == "1 replica failed recently; 1 serves"
     # Once the failure has been answered (its incident resolved) the region is healthy again.
@@ -25,3 +25,25 @@ def test_region_states():
     assert region_state(RegionCounts(0, 1, failed_recently=1, open_incident=True))[0] == "degraded"
     state, reason = region_state(RegionCounts(serving=0, starting=1, failed_recently=2))
     assert state == "down" and reason == "2 replicas failed and none serves; 1 starting"
+
+
+def test_a_region_with_nothing_serving_is_not_healthy():
+    assert region_state(RegionCounts(0, 0, 0, draining=1)) == (
+        "idle", "nothing serves: 1 replica draining")
+    assert region_state(RegionCounts(0, 2, 0)) == ("idle", "nothing serves: 2 replicas starting")
+
+
+def test_a_drilled_region_is_down_once_a_failure_is_seen_whatever_the_count():
+    state, reason = region_state(RegionCounts(0, 0, failed_recently=1, open_incident=True,
+                                              drill=True))
+    assert state == "down" and reason.startswith("drill: 1 replica killed")
+    # Something serving there again ends it.
+    assert region_state(RegionCounts(1, 0, 1, open_incident=True, drill=True))[0] == "degraded"
+
+
+def test_failures_past_the_hold_or_older_than_the_regions_newest_replica_do_not_keep_it_down():
+    # The hold passed: the region may take replicas again, and says so.
+    state, reason = region_state(RegionCounts(0, 0, failed_recently=2, failed_lately=0))
+    assert state == "idle" and reason.startswith("recovered from 2 failures")
+    # A restarted lab: new replicas start where the last run's failed (they are older).
+    assert region_state(RegionCounts(0, 2, failed_recently=2, failed_lately=0))[0] == "idle"

@@ -243,3 +243,25 @@ def test_the_replan_is_scheduled():  # type: ignore[no-untyped-def]
 
     (entry,) = [s for s in SCHEDULES if s.task == "placement.replan"]
     assert entry.every_s == 300 and entry.queue == "control"
+
+
+def test_a_spread_that_failover_lowered_is_restored_once_the_regions_are_usable(world):  # type: ignore[no-untyped-def]
+    # Failover put both replicas in Frankfurt while Amsterdam was down; spread asks for two.
+    world["d"].spread_regions = 2
+    world["d"].save()
+    now = timezone.now()
+    health = RegionHealth.objects.create(region=world["ams"], state=Health.DOWN, reason="drill",
+                                         changed_at=now, checked_at=now)
+    # While Amsterdam is down the rule cannot be met, so it is not called broken.
+    assert "spread" not in [b.kind for b in find_broken_rules(
+        [world["d"]], tuple(o for o in offer_options() if o.region != world["ams"].key),
+        Thresholds())]
+    health.state = Health.IDLE
+    health.save()
+    outcome = replan()
+    assert [b.kind for b in outcome.broken] == ["spread"], outcome.reason
+    assert "runs in 1 region (aws:eu-central-1); its spread rule asks for 2" in (
+        outcome.broken[0].detail)
+    assert outcome.plan is not None and outcome.plan.trigger == "replan:spread"
+    adds = outcome.plan.changes.filter(action=ChangeAction.ADD)
+    assert world["ams"] in {c.region for c in adds}
