@@ -14,6 +14,7 @@ ENGINE ?= enginesim
 
 setup: $(STAMP) $(EDGE_BUILD)
 	@sh tools/ensure_prometheus.sh
+	@sh tools/ensure_iproute2.sh
 
 # Reinstalls only when pyproject.toml changes, so a second `make setup` takes a moment.
 $(STAMP): pyproject.toml
