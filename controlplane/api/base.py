@@ -8,7 +8,9 @@ from django.db import transaction
 from django.db.models import Model as DjangoModel
 from django.db.models import QuerySet
 from rest_framework import serializers, viewsets
+from rest_framework.generics import get_object_or_404
 
+from controlplane.api.fields import deployment_lookup
 from controlplane.core.models import Role
 from controlplane.core.services import Principal, principal_for, record_audit
 from controlplane.core.tenancy import TenantQuerySet, has_tenancy
@@ -42,6 +44,21 @@ class TenantScopedViewSet(viewsets.GenericViewSet):
             assert isinstance(queryset, TenantQuerySet), f"{queryset.model} needs TenantQuerySet"
             return queryset.visible_to(self.principal)
         return queryset
+
+
+class ByNameOrId:
+    """Detail routes take the row's name or its id: `/deployments/chat-eu/` and
+    `/deployments/12/` (all digits is an id; such names are refused at creation)."""
+
+    lookup_value_regex = "[^/]+"
+
+    def get_object(self) -> Any:
+        view: Any = self
+        value = view.kwargs[view.lookup_url_kwarg or view.lookup_field]
+        queryset = view.filter_queryset(view.get_queryset())
+        found = get_object_or_404(queryset, **deployment_lookup(value))
+        view.check_object_permissions(view.request, found)
+        return found
 
 
 class MeridianViewSet(TenantScopedViewSet, viewsets.ModelViewSet):

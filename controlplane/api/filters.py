@@ -5,6 +5,7 @@ from __future__ import annotations
 import django_filters as filters
 from django.db.models import QuerySet
 
+from controlplane.api.fields import deployment_lookup
 from controlplane.core.models import ApiKey, AuditLog
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
 from regions.models import Offer, Quota, Region
@@ -75,8 +76,13 @@ class DeploymentFilter(filters.FilterSet):
         fields = ["tenant", "model", "tier"]
 
 
+def by_deployment(queryset: QuerySet, name: str, value: str) -> QuerySet:
+    """`?deployment=chat-eu` or `?deployment=12`: by name, or by id when all digits."""
+    return queryset.filter(**deployment_lookup(value, "deployment__"))
+
+
 class ReplicaFilter(filters.FilterSet):
-    deployment = filters.CharFilter(field_name="deployment__name")
+    deployment = filters.CharFilter(method=by_deployment, help_text="Name or id.")
     region = filters.CharFilter(method="filter_region")
     state = filters.ChoiceFilter(choices=ReplicaState.choices)
 

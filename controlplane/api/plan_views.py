@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api.base import TenantScopedViewSet
-from controlplane.api.fields import RegionKeyField
+from controlplane.api.fields import DeploymentRefField, RegionKeyField
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment
@@ -48,9 +48,9 @@ class PlanSerializer(serializers.ModelSerializer):
 
 
 class ProposeRequest(serializers.Serializer):
-    deployments = serializers.SlugRelatedField(
-        slug_field="name", queryset=Deployment.objects.all(), many=True, required=False,
-        help_text="Deployments to plan; omit for all.",
+    deployments = DeploymentRefField(
+        queryset=Deployment.objects.all(), many=True, required=False,
+        help_text="Deployments to plan, by name (or id); omit for all.",
     )
 
 

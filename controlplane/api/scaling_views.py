@@ -6,6 +6,7 @@ import django_filters as filters
 from rest_framework import serializers, viewsets
 
 from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.filters import by_deployment
 from controlplane.scaling.models import ScalingDecision
 
 
@@ -26,7 +27,7 @@ class ScalingDecisionSerializer(serializers.ModelSerializer):
 
 
 class ScalingDecisionFilter(filters.FilterSet):
-    deployment = filters.CharFilter(field_name="deployment__name")
+    deployment = filters.CharFilter(method=by_deployment, help_text="Name or id.")
     direction = filters.ChoiceFilter(choices=[("up", "up"), ("down", "down")])
     since = filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.api.fields import RegionKeyField
+from controlplane.api.fields import RegionKeyField, refuse_numeric_name
 from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
 from controlplane.core.services import principal_for
 from controlplane.deployments import services as deployment_services
@@ -253,6 +253,9 @@ class DeploymentSerializer(_TenantOwned):
             "scale_down_cooldown_s", "replicas_ready", "created_at", "updated_at",
         ]
         read_only_fields = ["created_at", "updated_at"]
+
+    def validate_name(self, value: str) -> str:
+        return refuse_numeric_name(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api import filters, serializers
-from controlplane.api.base import MeridianViewSet, TenantScopedViewSet
+from controlplane.api.base import ByNameOrId, MeridianViewSet, TenantScopedViewSet
 from controlplane.api.deployment_actions import DeploymentActions, ReplicaActions
 from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
@@ -104,7 +104,7 @@ class ApiKeyViewSet(MeridianViewSet):
         self._audit("revoke", instance, {})
 
 
-class DeploymentViewSet(DeploymentActions, MeridianViewSet):
+class DeploymentViewSet(ByNameOrId, DeploymentActions, MeridianViewSet):
     write_role = Role.OPERATOR
     queryset = (
         Deployment.objects.select_related("model", "tenant")
