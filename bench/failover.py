@@ -17,7 +17,12 @@ region on every edge (polled from each edge's /admin/replicas), and to replaceme
 (the incident's timeline); TTFT p95 before the kill, until the replacements are ready, and
 after.
 
-    python bench/failover.py [--quick]
+With `--engine vllm` the lab serves SmolLM2-135M-Instruct from real vLLM engines (the CPU
+build from `make engine`, one core each): two regions with one engine each, so no more than
+two real engines run at once (the killed one's replacement starts once it is dead). Only the
+first drill runs: the second would kill the region holding every engine left.
+
+    python bench/failover.py [--quick] [--engine vllm]
 
 Progress on stderr; one JSON line last on stdout.
 """
@@ -49,7 +54,10 @@ sys.path.insert(0, str(REPO))
 
 from controlplane.lab.processes import die_with_parent  # noqa: E402
 
-MODEL = "llama-3.1-8b"
+# The lab's served model name per engine (controlplane.lab.fleet.FLEETS).
+MODELS = {"enginesim": "llama-3.1-8b", "vllm": "smollm2-135m-instruct"}
+# Replicas per region: real engines take a core each, and the machine has two.
+REPLICAS_PER_REGION = {"enginesim": 2, "vllm": 1}
 
 
 def log(message: str) -> None:
@@ -99,7 +107,7 @@ class Lab:
     database_url: str
 
 
-def start_lab(var_dir: Path) -> Lab:
+def start_lab(var_dir: Path, engine: str = "enginesim") -> Lab:
     web = free_port()
     edge_base = free_edge_base()
     default_db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
@@ -110,7 +118,8 @@ def start_lab(var_dir: Path) -> Lab:
            "MERIDIAN_BEAT_STALE_S": "60"}
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
-         str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region", "2"],
+         str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region",
+         str(REPLICAS_PER_REGION[engine]), "--engine", engine],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # A killed benchmark stops its lab (SIGTERM: the lab stops its processes and engines).
         start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
@@ -196,12 +205,13 @@ class Load:
     url: str
     key: str
     concurrency: int
+    model: str = MODELS["enginesim"]
     outcomes: list[Outcome] = field(default_factory=list)
     running: bool = True
 
     async def one(self, session: aiohttp.ClientSession, i: int) -> None:
         stream = i % 2 == 0
-        body = {"model": MODEL, "max_tokens": 24, "stream": stream,
+        body = {"model": self.model, "max_tokens": 24, "stream": stream,
                 "messages": [{"role": "user", "content": f"request {i}: say something"}]}
         outcome = Outcome(time.time(), stream)
         try:
@@ -253,9 +263,9 @@ def p95(values: list[float]) -> float | None:
 # -- one drill --------------------------------------------------------------------------------
 
 async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s: float,
-                timeout_s: float) -> dict[str, Any]:
+                timeout_s: float, model: str = MODELS["enginesim"]) -> dict[str, Any]:
     client_url, _ = lab.edges[region]
-    load = Load(client_url, lab.demo_key, concurrency)
+    load = Load(client_url, lab.demo_key, concurrency, model)
     stop = asyncio.Event()
     runner = asyncio.create_task(load.run(stop))
     await asyncio.sleep(warm_s)
@@ -329,25 +339,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--engine", choices=("enginesim", "vllm"), default="enginesim",
+                        help="what the lab's replicas run: enginesim (default) or real vLLM "
+                             "CPU engines (`make engine`)")
     args = parser.parse_args()
     concurrency = args.concurrency or (8 if args.quick else 24)
     warm_s, after_s = (4.0, 3.0) if args.quick else (15.0, 15.0)
+    real = args.engine == "vllm"
+    per_region = REPLICAS_PER_REGION[args.engine]
+    regions = 2 if real else 3
+    # A real engine takes 20-70 s to start (longer on a busy machine): so does a replacement.
+    timeout_s = 300.0 if real else 90.0
+    model = MODELS[args.engine]
+    bare = None
     with tempfile.TemporaryDirectory(prefix="meridian-failover-") as tmp:
-        log("starting the lab (3 local regions × 2 replicas, 2 edges)")
+        log(f"starting the lab ({regions} local regions × {per_region} {args.engine} "
+            "replicas, 2 edges)")
         started = time.monotonic()
-        lab = start_lab(Path(tmp))
+        lab = start_lab(Path(tmp), args.engine)
         try:
-            wait_ready(lab, 6)
+            wait_ready(lab, regions * per_region, timeout_s=300 if real else 180)
             log(f"lab ready in {time.monotonic() - started:.0f} s")
             log("run 1 (normal): kill local:eu-frankfurt under load through edge-eu")
-            normal = asyncio.run(drill(lab, "local:eu-frankfurt", concurrency, warm_s, after_s, 90))
-            log("run 2 (no_ejection): passive ejection off; kill local:us-virginia via edge-us")
-            set_ejection(lab, 100)
-            time.sleep(2)  # the policy reaches the edges with the next table
-            bare = asyncio.run(drill(lab, "local:us-virginia", concurrency, warm_s, after_s, 90))
+            normal = asyncio.run(drill(lab, "local:eu-frankfurt", concurrency, warm_s, after_s,
+                                       timeout_s, model))
+            if not real:
+                log("run 2 (no_ejection): passive ejection off; kill local:us-virginia via "
+                    "edge-us")
+                set_ejection(lab, 100)
+                time.sleep(2)  # the policy reaches the edges with the next table
+                bare = asyncio.run(drill(lab, "local:us-virginia", concurrency, warm_s,
+                                         after_s, timeout_s, model))
         finally:
             stop_lab(lab)
-    print(json.dumps({"benchmark": "failover", "quick": args.quick, "concurrency": concurrency,
+    print(json.dumps({"benchmark": "failover", "engine": args.engine, "quick": args.quick,
+                      "concurrency": concurrency,
                       **{k: v for k, v in normal.items() if k != "errors"},
                       "runs": {"normal": normal, "no_ejection": bare},
                       "targets": {"failed_before_first_byte": 0, "s_to_last_error": 2.0,

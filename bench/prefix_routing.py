@@ -59,8 +59,8 @@ VLLM_BLOCK_TOKENS = 128
 # The profile calibrated against the real engine: with it (or with --engine vllm) the run
 # takes the CPU workload below, on two replicas, one policy at a time.
 CPU_PROFILE = "smollm2-135m-cpu"
-CPU_WORKLOAD = {"replicas": 2, "users": 8, "turns": 4, "system_prompts": 16,
-                "system_tokens": 700, "user_tokens": 40, "max_tokens": 16,
+CPU_WORKLOAD = {"replicas": 2, "users": 6, "turns": 4, "system_prompts": 16,
+                "system_tokens": 700, "user_tokens": 40, "max_tokens": 8,
                 "kv_cache_tokens": 64 * VLLM_BLOCK_TOKENS, "max_model_len": 4096}
 DEFAULT_WORKLOAD = {"replicas": 4, "users": 24, "turns": 6, "system_prompts": 8,
                     "system_tokens": 3000, "user_tokens": 100, "max_tokens": 32,
@@ -334,13 +334,18 @@ def start_edge(name: str, ports: list[int], model: str) -> tuple[LocalEdge, str]
     """A Meridian edge applying policy `name` to the engines on `ports`; returns its URL."""
     edge = LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
     edge.start()
-    replicas = [replica_entry(f"{name}-r{i}", f"http://127.0.0.1:{port}",
+    return edge, point_edge(edge, name, ports, model)
+
+
+def point_edge(edge: LocalEdge, name: str, ports: list[int], model: str) -> str:
+    """Push `edge` a table routing `model` to the engines on `ports` under policy `name`."""
+    replicas = [replica_entry(f"{name}-r{i}-{port}", f"http://127.0.0.1:{port}",
                               region=f"local:lab-{i % 2 + 1}", rtt_ms=2.0,
                               max_inflight=64) for i, port in enumerate(ports)]
-    edge.push(build_table(1, edge.name, {model: replicas}, {API_KEY: {
+    edge.push(build_table(edge.version + 1, edge.name, {model: replicas}, {API_KEY: {
         "tenant": "bench", "jurisdictions": ["EU"], "rpm": 0, "tpm": 0, "models": ["*"],
         "tier": "interactive"}}, policy=POLICIES[name]))
-    return edge, edge.url + "/v1/chat/completions"
+    return edge.url + "/v1/chat/completions"
 
 
 class PolicyUnderTest:
@@ -491,17 +496,23 @@ def run_one_at_a_time(args: argparse.Namespace) -> dict[str, Any]:
             args.chars_per_token = round(chars_per_token(engines.ports[0], args.model), 2)
             log(f"engines up; their tokenizer: {args.chars_per_token} characters a token")
         systems = make_systems(args)
-        for round_ in range(args.rounds):
-            order = list(POLICIES) if round_ % 2 == 0 else list(reversed(POLICIES))
-            for name in order:
-                ports = engines.fresh()
-                edge, url = start_edge(name, ports, args.model)
-                try:
-                    result = asyncio.run(one_saturation(url, systems, args, ports))
-                finally:
-                    edge.close()
-                totals[name].add(result)
-                log(f"round {round_ + 1} {name}: {result.summary()}")
+        # One edge per policy for the whole run; each run pushes it a table naming the
+        # engines (the same ones each time for vLLM, fresh processes for enginesim).
+        edges = {name: LocalEdge(name="edge-bench", extra_args=["--probe-interval", "1"])
+                 for name in POLICIES}
+        for edge in edges.values():
+            edge.start()
+        try:
+            for round_ in range(args.rounds):
+                order = list(POLICIES) if round_ % 2 == 0 else list(reversed(POLICIES))
+                for name in order:
+                    url = point_edge(edges[name], name, engines.fresh(), args.model)
+                    result = asyncio.run(one_saturation(url, systems, args, engines.ports))
+                    totals[name].add(result)
+                    log(f"round {round_ + 1} {name}: {result.summary()}")
+        finally:
+            for edge in edges.values():
+                edge.close()
     finally:
         engines.close()
     return {name: {"saturation": totals[name].summary()} for name in POLICIES}

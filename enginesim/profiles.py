@@ -68,15 +68,16 @@ BUILTIN: dict[str, Profile] = {
     # Llama-3.1-70B keeps 320 KiB of KV per token; eight H100s at 0.9 leave ~420 GiB.
     "llama-70b-8xh100": Profile("llama-70b-8xh100", 0.080, 500e-6, 0.025,
                                 kv_cache_tokens=1_400_000),
-    # SmolLM2-135M-Instruct on vLLM 0.32's CPU build, one core (VLLM_CPU_OMP_THREADS_BIND),
-    # measured on the 2-core development machine (bench/prefix_routing.py --engine vllm
-    # calibrates against it): ~30 ms before the first step, ~0.65 ms per uncached prompt
-    # token, a 16 ms decode step alone growing ~4% per extra sequence (8 streams: ~21 ms a
-    # step). vLLM's CPU defaults: 128 sequences, 2,048 batched tokens, 128-token blocks;
-    # VLLM_CPU_KVCACHE_SPACE=1 GiB at 23 KiB of KV per token (30 layers × 3 KV heads × 64
-    # × 2 × bf16) holds 364 blocks.
-    "smollm2-135m-cpu": Profile("smollm2-135m-cpu", 0.030, 650e-6, 0.016,
-                                itl_growth_per_seq=0.04, max_num_seqs=128,
+    # SmolLM2-135M-Instruct on vLLM 0.32's CPU build, one core each (VLLM_CPU_OMP_THREADS_BIND),
+    # as measured on the shared 2-core development machine while other work ran (the
+    # conditions bench/prefix_routing.py --engine vllm meets there): ~40 ms before the first
+    # step, ~0.7 ms per uncached prompt token (a 2,572-token prompt: 1.7-2.0 s), a 40 ms
+    # decode step alone growing ~2.5% per extra sequence (8: 48 ms, 16: 56 ms). On an idle
+    # core decode is ~15 ms a step. vLLM's CPU defaults: 128 sequences, 2,048 batched tokens,
+    # 128-token blocks; VLLM_CPU_KVCACHE_SPACE=1 GiB at 23 KiB of KV per token (30 layers ×
+    # 3 KV heads × 64 × 2 × bf16) holds 364 blocks.
+    "smollm2-135m-cpu": Profile("smollm2-135m-cpu", 0.040, 700e-6, 0.040,
+                                itl_growth_per_seq=0.025, max_num_seqs=128,
                                 max_num_batched_tokens=2048, kv_cache_tokens=364 * 128,
                                 max_model_len=8192, block_tokens=128),
     # No modelled time at all: for measuring what sits in front of an engine.
