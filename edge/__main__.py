@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=512,
                    help="requests that may wait for capacity before the rest get 429")
     p.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS")
+    p.add_argument("--dead-peer-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="close an upstream connection whose replica acknowledges nothing "
+                        "for this long (a partition: no reset comes); 0: off")
     p.add_argument("--upstream-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="longest silence from a replica during a request")
     p.add_argument("--prefix-index-blocks", type=int, default=100_000,
@@ -82,6 +85,7 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
         pull_interval_s=args.pull_interval, probe_interval_s=args.probe_interval,
         probes=not args.no_probes, max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, connect_timeout_s=args.connect_timeout,
+        dead_peer_timeout_s=args.dead_peer_timeout,
         upstream_timeout_s=args.upstream_timeout, prefix_index_blocks=args.prefix_index_blocks,
     )
 

@@ -61,6 +61,9 @@ class EdgeConfig:
     max_queue: int = 512
     connect_timeout_s: float = 3.0
     upstream_timeout_s: float = 600.0
+    # An upstream connection whose replica acknowledges nothing for this long is closed by
+    # the kernel (TCP keepalive and user timeout; edge.upstream.watch_peer): a partition.
+    dead_peer_timeout_s: float = 5.0
     client_idle_timeout_s: float = 75.0
     client_request_timeout_s: float = 30.0  # to receive a whole request, head and body
     prefix_index_blocks: int = 100_000
@@ -97,7 +100,8 @@ class Edge:
         self.candidate_sets: dict[tuple[str, int, str], CandidateSet] = {}
         self.candidate_sets_version = -1
         self.queue = CapacityQueue(config.max_queue)
-        self.pool = UpstreamPool(config.connect_timeout_s, config.upstream_timeout_s)
+        self.pool = UpstreamPool(config.connect_timeout_s, config.upstream_timeout_s,
+                                 dead_peer_s=config.dead_peer_timeout_s)
         self.access_log = AccessLog()
         self.client_api = ClientApi(self)
         self.admin_api = AdminApi(self)

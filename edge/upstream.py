@@ -14,6 +14,7 @@ queued and sent once per loop pass (`edge.batch`), like the client side's respon
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -148,6 +149,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport  # type: ignore[assignment]
+        watch_peer(transport, self.pool.dead_peer_s)
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
@@ -190,7 +192,8 @@ class UpstreamConnection(asyncio.Protocol):
             return
         reason = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
         self._fail(UpstreamError(f"{self.origin.host_header.decode()} went away: {reason}",
-                                 received_any=self.received_any, reused=self.exchanges > 1))
+                                 received_any=self.received_any, reused=self.exchanges > 1,
+                                 timeout=isinstance(exc, TimeoutError)))
 
     def _fail(self, error: UpstreamError) -> None:
         self.pool.busy.discard(self)
@@ -226,12 +229,44 @@ class UpstreamConnection(asyncio.Protocol):
         self.complete = True
 
 
+def watch_peer(transport: asyncio.BaseTransport, dead_peer_s: float) -> None:
+    """Have the kernel give up on a replica that went silent — a partition drops packets and
+    sends no reset, so nothing else would end the connection before the read timeout.
+
+    TCP keepalive probes start after dead_peer_s / 2 without a packet and TCP_USER_TIMEOUT
+    closes the connection (ETIMEDOUT) once probes or sent bytes stay unacknowledged for
+    dead_peer_s. A live engine's kernel acknowledges both however long it computes, so a slow
+    answer is never taken for a dead peer. 0 turns this off; where the options do not exist
+    (not Linux), nothing is set.
+    """
+    if dead_peer_s <= 0:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    idle = max(1, int(dead_peer_s / 2))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1),
+                        ("TCP_KEEPCNT", max(1, int(dead_peer_s) - idle)),
+                        ("TCP_USER_TIMEOUT", int(dead_peer_s * 1000))):
+        option = getattr(socket, name, None)
+        if option is not None:
+            options.append((socket.IPPROTO_TCP, option, value))
+    try:
+        for level, option, value in options:
+            sock.setsockopt(level, option, value)
+    except OSError:
+        pass
+
+
 class UpstreamPool:
     """Keep-alive connections per origin; idle ones are reused most-recent first."""
 
     def __init__(self, connect_timeout_s: float = 3.0, read_timeout_s: float = 600.0,
-                 max_idle_per_origin: int = 256, idle_ttl_s: float = 30.0) -> None:
+                 max_idle_per_origin: int = 256, idle_ttl_s: float = 30.0,
+                 dead_peer_s: float = 5.0) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.dead_peer_s = dead_peer_s
         self.read_timeout_s = read_timeout_s
         self.max_idle_per_origin = max_idle_per_origin
         self.idle_ttl_s = idle_ttl_s
