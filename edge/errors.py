@@ -6,6 +6,8 @@ stable `code` a client can branch on; `Retry-After` goes with 429 and 503 answer
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 # Why nothing was picked (edge.policy reasons) → (status, message for the client).
@@ -56,3 +58,41 @@ def model_not_found(model: str) -> ClientError:
 def unavailable(code: str, message: str, retry_after_s: int | None = 1) -> ClientError:
     return ClientError(503, message, code=code, type_="server_error",
                        retry_after_s=retry_after_s)
+
+
+# "max_tokens=1000000 cannot be greater than …": the field an engine's message is about.
+_FIELD_IN_MESSAGE = re.compile(r"\b([a-z_][a-z0-9_]*)\s*=")
+_ENGINE_CODES = {400: "invalid_value", 401: "invalid_api_key", 403: "permission_denied",
+                 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
+                 422: "invalid_value", 429: "rate_limit_exceeded"}
+
+
+def engine_error(status: int, body: bytes) -> ClientError | None:
+    """An engine's 4xx JSON answer in the edge's own shape: the engine's status and message,
+    the field at fault from the engine's `param` (vLLM 0.32 names it, older ones send null;
+    a validation error's `body.` prefix is dropped) or else from the message ("max_tokens=…");
+    None if the body is not an error the edge can read."""
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    error = document.get("error", document)  # vLLM ≥ 0.9 nests it; older ones do not
+    if not isinstance(error, dict):
+        return None
+    message = error.get("message")
+    if not isinstance(message, str):
+        detail = error.get("detail")
+        if not isinstance(detail, str):
+            return None
+        message = detail
+    param = error.get("param")
+    if not isinstance(param, str) or not param:
+        found = _FIELD_IN_MESSAGE.search(message)
+        param = found.group(1) if found else None
+    elif param.startswith("body."):
+        param = param[5:]
+    type_ = "not_found_error" if status == 404 else "invalid_request_error"
+    return ClientError(status, message, code=_ENGINE_CODES.get(status, "invalid_request"),
+                       type_=type_, param=param)

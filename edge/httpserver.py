@@ -434,6 +434,11 @@ class HttpConnection(asyncio.Protocol):
             self.transport.abort()
 
     @property
+    def writing_paused(self) -> bool:
+        """The client's socket buffer is full (its reader is behind)."""
+        return self._writing_paused
+
+    @property
     def idle(self) -> bool:
         return not self._busy
 

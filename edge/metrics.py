@@ -159,6 +159,10 @@ class EdgeMetrics:
         self.retries = r.add(Counter(
             "meridian_edge_retries_total", "Requests retried on another replica before the "
             "first byte reached the client.", ("model",)))
+        self.resumptions = r.add(Counter(
+            "meridian_edge_stream_resumptions_total", "Streams whose replica failed after "
+            "bytes reached the client, by what the edge did: resumed on another replica, or "
+            "why not.", ("outcome",)))
         self.rate_limited = r.add(Counter(
             "meridian_edge_rate_limited_total", "Requests refused by a tenant's rate limit.",
             ("tenant", "limit")))

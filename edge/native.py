@@ -40,7 +40,7 @@ GROUP_MODULE = "_native__mypyc"
 # every request); the admin API, table pulls, keys and the command line stay interpreted.
 COMPILED = (
     "admission", "batch", "errors", "health", "httpserver", "logs", "metrics", "policy",
-    "prefix", "proxy", "ratelimit", "server", "table", "upstream",
+    "prefix", "proxy", "ratelimit", "resume", "server", "table", "upstream", "usage",
 )
 EXTENSION_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 

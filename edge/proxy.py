@@ -7,8 +7,9 @@ task of its own unless it has to wait (for a new upstream connection, or for cap
 
 - A request is retried on another replica only while no byte of it has reached the client;
   once the answer starts, bytes are relayed as they arrive (one client write per upstream
-  read), and a failure cuts the client's connection, which the client sees, rather than
-  being papered over.
+  read; a stream's events whole). A stream whose replica fails goes on from another one
+  (`edge.resume`), or ends with an error event; any other answer cut mid-way cuts the
+  client's connection, which the client sees, rather than being papered over.
 - A client that goes away aborts the upstream request: closing that connection is how vLLM
   learns to stop generating.
 - Every request ends in `ClientApi.account`: metrics, the tenant's token correction, and
@@ -22,14 +23,13 @@ import hashlib
 import itertools
 import logging
 import os
-import re
 import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from edge import errors
+from edge import errors, resume
 from edge.errors import ClientError
 from edge.health import ReplicaStats
 from edge.httpserver import HttpConnection, Request
@@ -37,6 +37,7 @@ from edge.policy import CandidateSet, RouteRequest, candidate_set, pick_common, 
 from edge.prefix import block_keys, chat_prompt_text
 from edge.table import Replica, RoutingTable, TenantRules
 from edge.upstream import HOP_BY_HOP, Listener, UpstreamConnection, UpstreamError
+from edge.usage import parsed_usage, reported_usage
 
 # The key engines are started with (vLLM's --api-key), from the same secret the providers use.
 _ENGINE_KEY = os.environ.get("MERIDIAN_ENGINE_API_KEY", "")
@@ -52,55 +53,8 @@ COMPLETION_PATHS = {"/v1/chat/completions": b"/v1/chat/completions",
 FORWARDED_HEADERS = (b"accept", b"traceparent", b"tracestate")
 # Roughly four bytes of English per token; the engine's usage corrects it afterwards.
 BYTES_PER_TOKEN = 4
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
-USAGE_WINDOW_BYTES = 1024  # a usage object's counts come within its first bytes
 _NOTHING_TRIED: frozenset[str] = frozenset()
 MAX_REMEMBERED_KEYS = 4096
-
-
-def reported_usage(tail: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens from the end of an answer: the usage chunk of an SSE
-    stream, or the `usage` object of a JSON answer.
-
-    Found by search rather than by parsing the answer, which for a long completion would
-    cost more than the rest of the response path: the last `"usage"` that is a key with an
-    object value (inside a string it would be escaped, and as a value — a token's text in
-    `prompt_logprobs` — it is not followed by a colon), then its counts within that object's
-    first bytes."""
-    end = len(tail)
-    while True:
-        at = tail.rfind(b'"usage"', 0, end)
-        if at < 0:
-            return None
-        key = _USAGE_OBJECT.match(tail, at)
-        if key is not None:
-            break
-        end = at
-    window = key.end() + USAGE_WINDOW_BYTES
-    prompt = _PROMPT_TOKENS.search(tail, key.end(), window)
-    completion = _COMPLETION_TOKENS.search(tail, key.end(), window)
-    if prompt is None or completion is None:
-        return None
-    return int(prompt.group(1)), int(completion.group(1))
-
-
-def parsed_usage(answer: bytes) -> tuple[int, int] | None:
-    """The same from a whole JSON answer by parsing it: the fallback when the search finds
-    nothing, for answers shaped unlike vLLM's."""
-    try:
-        document = orjson.loads(answer)
-    except orjson.JSONDecodeError:
-        return None
-    usage = document.get("usage") if isinstance(document, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int) and not isinstance(
-            prompt, bool) and not isinstance(completion, bool):
-        return prompt, completion
-    return None
 
 
 class Exchange(Listener):
@@ -146,6 +100,16 @@ class Exchange(Listener):
     prompt_tokens = 0
     completion_tokens = 0
     usage_reported = False
+    payload: dict[str, Any] | None = None
+    error_body = b""  # an engine's 4xx answer, gathered to be re-worded
+    # A resumable stream (edge.resume): the first leg's events relayed, a partial one held.
+    kept: list[bytes] | None = None
+    held = b""
+    resumption: resume.Resumption | None = None
+    resumes = 0
+    resume_outcome = ""
+    leg_sent_at = 0.0
+    stall_timer: asyncio.TimerHandle | None = None
 
     def __init__(self, api: ClientApi, request: Request, client: HttpConnection,
                  upstream_path: bytes) -> None:
@@ -183,7 +147,7 @@ class Exchange(Listener):
         request = self.request
         headers = request.headers
         tenant = self.tenant = api.authenticate(request, table)
-        payload = api.parse_completion(request, self)
+        payload = self.payload = api.parse_completion(request, self)
         route = api.routes.get((id(tenant), self.requested_model,
                                 headers.get(b"x-meridian-tier")))
         if route is None or api.routes_table is not table:
@@ -320,6 +284,8 @@ class Exchange(Listener):
 
     def on_upstream_head(self, conn: UpstreamConnection) -> bool:
         try:
+            if self.resumption is not None:
+                return resume.leg_head(self, conn)
             status = conn.status
             self.head_at = conn.head_at
             stats = self.stats
@@ -342,14 +308,22 @@ class Exchange(Listener):
 
     def on_upstream_data(self, data: bytes, end: bool) -> None:
         try:
-            if self.client_started and not end:
+            if self.client_started and not end and self.resumption is None:
                 # The common case of a stream, kept short: relay a chunk as it came.
+                kept = self.kept
+                if kept is not None:
+                    if self.held or not data.endswith(b"\n\n") or b'"error"' in data:
+                        resume.first_leg(self, data, False)
+                        return
+                    kept.append(data)
                 now = time.perf_counter()
                 self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
                 self.last_byte_at = now
                 self.events += data.count(b"\n\n")
                 self.prev_chunk, self.last_chunk = self.last_chunk, data
                 self.client.send(data)
+            elif self.resumption is not None:
+                resume.leg_data(self, data, end)
             else:
                 self.relay(data, end)
         except Exception:  # noqa: BLE001 - a bug here must still answer the client
@@ -361,10 +335,23 @@ class Exchange(Listener):
         now = time.perf_counter()
         conn = self.upstream
         if not self.client_started:
-            self.client_started = True
             assert conn is not None
+            if 400 <= self.status < 500 and not conn.content_type.startswith(
+                    b"text/event-stream"):
+                # The engine refused the request: its words, in the edge's error shape.
+                self.error_body += data
+                if not end:
+                    return
+                error = errors.engine_error(self.status, self.error_body)
+                if error is not None:
+                    self.first_byte_at = self.last_byte_at = now
+                    self.answer_error(error)
+                    return
+                data = self.error_body
+            self.client_started = True
             headers = self.response_headers(conn)
-            if end and not conn.content_type.startswith(b"text/event-stream"):
+            tracked = resume.tracks(self, conn)  # a stream that can be resumed
+            if end and not tracked and not conn.content_type.startswith(b"text/event-stream"):
                 # A whole answer in one read: one write with its length, and its usage.
                 self.first_byte_at = self.last_byte_at = now
                 client.respond(self.status, data, headers, None)
@@ -374,26 +361,46 @@ class Exchange(Listener):
                     self.usage_from_answer(data)
                 self.complete()
                 return
-            client.start(self.status, headers, data,
-                         length=None if conn.chunked else conn.content_length)
+            client.start(self.status, headers, b"" if tracked else data,
+                         length=None if conn.chunked or tracked else conn.content_length)
             self.overhead_s = (self.sent_at - self.request.received_at) + (
                 time.perf_counter() - self.head_at)
             client.set_producer(conn)
             self.first_byte_at = self.last_byte_at = now
+            if tracked:
+                self.kept = []
+                resume.arm_stall(self)
+                resume.first_leg(self, data, end)
+                return
             self.events += data.count(b"\n\n")
             self.last_chunk = data
-            if not end:
-                return
-            client.end()
-        else:
-            if data:
-                self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
-                self.events += data.count(b"\n\n")
-                self.prev_chunk, self.last_chunk = self.last_chunk, data
-            client.end(data)
-        # The whole response has been relayed.
+            if end:
+                self.end_relay(b"")
+            return
+        if self.kept is not None:
+            resume.first_leg(self, data, True)  # a stream's end: was it whole?
+            return
+        if data:
+            self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
+            self.events += data.count(b"\n\n")
+            self.prev_chunk, self.last_chunk = self.last_chunk, data
+        self.end_relay(data)
+
+    def pass_on(self, data: bytes) -> None:
+        """Relay whole stream events (`edge.resume`): what the fast path does."""
+        now = time.perf_counter()
+        if self.events:
+            self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
         self.last_byte_at = now
-        if self.status == 200:
+        self.events += data.count(b"\n\n")
+        self.prev_chunk, self.last_chunk = self.last_chunk, data
+        self.client.send(data)
+
+    def end_relay(self, last: bytes) -> None:
+        """The whole response has been relayed."""
+        self.client.end(last)
+        self.last_byte_at = time.perf_counter()
+        if self.status == 200 and self.resumption is None:
             self.usage_from_tail(self.prev_chunk + self.last_chunk)
         self.complete()
 
@@ -407,6 +414,9 @@ class Exchange(Listener):
         if self.upstream is not None:
             self.upstream.abort()
             self.upstream = None
+        if self.client_started and (self.kept is not None or self.resumption is not None):
+            resume.leg_failed(self, error)  # a stream: resumed, or ended with an error event
+            return
         if self.client_started:
             # Bytes already reached the client: the only honest signal left is a cut stream.
             self.replica_failed(f"failed mid-response: {error}")
@@ -472,6 +482,11 @@ class Exchange(Listener):
         self.complete()
 
     def answer_error(self, error: ClientError) -> None:
+        if self.resumption is not None and self.client.response_started:
+            resume.end_with_error(self, "no_replica", "The replica serving this stream failed "
+                                  f"({self.last_failure}) and it cannot be resumed: "
+                                  f"{error.message}", None)
+            return
         self.status, self.code = error.status, error.code
         headers = error.headers() + b"x-request-id: " + self.request_id + b"\r\n"
         self.client.respond(error.status, error.body(), headers)
@@ -508,6 +523,11 @@ class Exchange(Listener):
         if self.finished:
             return
         self.finished = True
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
+        self.kept = None
+        self.resumption = None  # the text so far is kept only while its stream is open
         conn = self.upstream
         if conn is not None:
             self.upstream = None
@@ -825,6 +845,8 @@ class ClientApi:
                 "replica": replica.id if replica is not None else None,
                 "region": region or None,
                 "retries": exchange.retries,
+                "resumptions": exchange.resumes,
+                "resume_outcome": exchange.resume_outcome or None,
                 "last_failure": exchange.last_failure or None,
                 "queued_s": exchange.queued_s,
                 "ttft_s": ttft,

@@ -12,11 +12,15 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
   `weight` [1.0], `rtt_ms` [0], `usd_per_mtok` [null], `max_inflight` [64], `state`
   ["ready"].
 - tenant: `regions` (narrows `jurisdictions` to these `cloud:region` keys) [[]],
-  `models` [["*"]], `tier` ["interactive"].
+  `models` [["*"]], `tier` ["interactive"], `resume_streams` (may a stream cut mid-way
+  be resumed on another replica) [true].
 - policy: `picker` ("max_score" | "round_robin" | "random") ["max_score"],
   `eject_max_s` [60], `queue_timeout_s` [2], `batch_queue_timeout_s` [30],
   `batch_max_share` (share of an interactive replica's `max_inflight` that batch requests
-  may take) [0.5].
+  may take) [0.5], `resume_streams_max` (resumptions per stream, 0 to 10; 0 turns
+  resumption off) [2], `resume_deadline_s` (resumptions start within this many seconds of
+  a stream's first cut) [30], `stream_stall_s` (a stream with no byte from its replica for
+  this long counts as cut) [10].
 - top-level `aliases`: `{"auto": {"rules": [{"max_prompt_tokens": 1000, "model": "small"}],
   "default": "large"}}`, or a plain `{"gpt-4o": "large"}`. Rules are tried in order; a rule
   may hold `max_prompt_tokens`, `min_prompt_tokens` and `tier`, and matches when all hold.
@@ -175,6 +179,7 @@ class TenantRules:
     tpm: int = 0
     models: frozenset[str] = frozenset({"*"})
     tier: str = "interactive"
+    resume_streams: bool = True
 
     def may_use_model(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -201,6 +206,12 @@ class Policy:
     queue_timeout_s: float = 2.0
     batch_queue_timeout_s: float = 30.0
     batch_max_share: float = 0.5
+    resume_streams_max: int = 2
+    resume_deadline_s: float = 30.0
+    stream_stall_s: float = 10.0
+
+
+MAX_RESUMPTIONS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +282,15 @@ def _get(obj: Mapping[str, Any], key: str, kind: str, where: str,
     return float(value) if kind == "number" else value  # type: ignore[arg-type]
 
 
+def _flag(obj: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise TableError(f"{where}.{key} must be true or false, not {value!r}", f"{where}.{key}")
+    return value
+
+
 def _strings(value: Any, where: str) -> frozenset[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise TableError(f"{where} must be a list of strings", where)
@@ -330,6 +350,7 @@ def _tenant(key_hash: str, entry: Any) -> TenantRules:
         tpm=tpm,
         models=_strings(entry.get("models", ["*"]), f"{where}.models"),
         tier=tier,
+        resume_streams=_flag(entry, "resume_streams", where, True),
     )
 
 
@@ -367,6 +388,12 @@ def _policy(entry: Any) -> Policy:
                                    defaults.batch_queue_timeout_s),
         batch_max_share=_get(entry, "batch_max_share", "number", "policy",
                              defaults.batch_max_share),
+        resume_streams_max=_get(entry, "resume_streams_max", "int", "policy",
+                                defaults.resume_streams_max),
+        resume_deadline_s=_get(entry, "resume_deadline_s", "number", "policy",
+                               defaults.resume_deadline_s),
+        stream_stall_s=_get(entry, "stream_stall_s", "number", "policy",
+                            defaults.stream_stall_s),
     )
     if policy.retry_before_first_byte < 0 or policy.eject_after_failures < 1:
         raise TableError("policy: retries must be ≥ 0 and eject_after_failures ≥ 1", "policy")
@@ -374,6 +401,16 @@ def _policy(entry: Any) -> Policy:
         raise TableError("policy: need 0 < eject_base_s ≤ eject_max_s", "policy.eject_base_s")
     if not 0 <= policy.batch_max_share <= 1:
         raise TableError("policy.batch_max_share must be within [0, 1]", "policy.batch_max_share")
+    if not 0 <= policy.resume_streams_max <= MAX_RESUMPTIONS:
+        raise TableError(f"policy.resume_streams_max must be within [0, {MAX_RESUMPTIONS}] "
+                         f"(0 turns resumption off), not {policy.resume_streams_max}",
+                         "policy.resume_streams_max")
+    if not policy.resume_deadline_s > 0:
+        raise TableError(f"policy.resume_deadline_s must be > 0 seconds, not "
+                         f"{policy.resume_deadline_s}", "policy.resume_deadline_s")
+    if not policy.stream_stall_s > 0:
+        raise TableError(f"policy.stream_stall_s must be > 0 seconds, not "
+                         f"{policy.stream_stall_s}", "policy.stream_stall_s")
     return policy
 
 

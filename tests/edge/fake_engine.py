@@ -3,8 +3,11 @@
 It answers `/health`, `/metrics`, `/v1/models`, `/v1/chat/completions` and `/v1/completions`
 in vLLM's shapes (SSE: role chunk, one chunk per token, finish chunk, optional usage chunk,
 `data: [DONE]`), and lets a test decide how it misbehaves: an error status, a delay before
-answering, a stream cut after some events, a pause between events. It records what it was
-sent and which requests its client abandoned. Run it in-process (`FakeEngine`) or as a
+answering, a stream cut after some events (reset, ended early, an error event, or a stall),
+a pause between events. Its text is ` t0 t1 t2 …`, and a request that continues it (a chat
+whose final assistant message, with `continue_final_message`, or a completion whose prompt,
+ends with the first k tokens) gets the rest from ` t{k}` on, as a model at temperature 0
+would. It records what it was sent and which requests its client abandoned. Run it in-process (`FakeEngine`) or as a
 process a test can kill (`python tests/edge/fake_engine.py --port P`).
 """
 
@@ -26,16 +29,41 @@ class Behaviour:
     delay_s: float = 0.0  # before the head of the answer
     event_gap_s: float = 0.0  # between SSE events
     tokens: int = 5
-    cut_after_events: int | None = None  # stream this many events, then drop the connection
+    tool_call: bool = False  # stream the tokens as a tool call's arguments
+    error_body: dict[str, Any] | None = None  # the body of an error `status` (vLLM's shape)
+    cut_after_events: int | None = None  # stream this many events, then fail as `cut_how`:
+    cut_how: str = "reset"  # reset the connection, "eof" (end without [DONE]), "error" (an
+    # error event, then [DONE], as vLLM does when generation fails), "stall" (send nothing)
     health_status: int = 200
     waiting: int = 0  # reported as vllm:num_requests_waiting
     kv_usage: float = 0.0
 
 
+def continued_tokens(body: dict[str, Any], chat: bool) -> int:
+    """How many of this engine's tokens the request already holds (0 unless it continues)."""
+    if chat:
+        messages = body.get("messages") or []
+        if not (body.get("continue_final_message") and messages
+                and messages[-1].get("role") == "assistant"):
+            return 0
+        text = str(messages[-1].get("content") or "")
+    else:
+        text = str(body.get("prompt") or "")
+    k, seq = 0, ""
+    for n in range(len(text)):
+        seq += f" t{n}"
+        if len(seq) > len(text):
+            break
+        if text.endswith(seq):
+            k = n + 1
+    return k
+
+
 def sse_events(model: str, tokens: int, chat: bool, usage: bool,
-               prompt_tokens: int) -> list[bytes]:
-    """The SSE events vLLM sends for a stream of `tokens` tokens."""
-    created = 1767225600
+               prompt_tokens: int, start: int = 0, continuous: bool = False,
+               tool_call: bool = False) -> list[bytes]:
+    """The SSE events vLLM sends for a stream of tokens `start` … `tokens - 1`."""
+    created = 1767225600 + start  # a resumed answer is another request, made later
 
     def event(body: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
@@ -43,22 +71,33 @@ def sse_events(model: str, tokens: int, chat: bool, usage: bool,
     kind = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": "cmpl-fake", "object": kind, "created": created, "model": model}
     out = []
+    if start:
+        base["id"] = f"cmpl-fake-{start}"
+
+    def counts(n: int) -> dict[str, Any]:
+        return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                          "total_tokens": prompt_tokens + n}} if continuous else {}
+
     if chat:
         out.append(event({**base, "choices": [{"index": 0, "delta": {
-            "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}))
-    for i in range(tokens):
+            "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+            **counts(0)}))
+    for n, i in enumerate(range(start, tokens), 1):
+        delta: dict[str, Any] = {"tool_calls": [{"index": 0, "function": {
+            "arguments": f" t{i}"}}]} if tool_call else {"content": f" t{i}"}
         choice: dict[str, Any] = (
-            {"index": 0, "delta": {"content": f" t{i}"}, "logprobs": None, "finish_reason": None}
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
             if chat else {"index": 0, "text": f" t{i}", "logprobs": None, "finish_reason": None})
-        out.append(event({**base, "choices": [choice]}))
+        out.append(event({**base, "choices": [choice], **counts(n)}))
+    generated = max(tokens - start, 0)
     last: dict[str, Any] = ({"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
                             if chat else {"index": 0, "text": "", "logprobs": None,
                                           "finish_reason": "stop"})
-    out.append(event({**base, "choices": [last]}))
+    out.append(event({**base, "choices": [last], **counts(generated)}))
     if usage:
         out.append(event({**base, "choices": [], "usage": {
-            "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-            "total_tokens": prompt_tokens + tokens}}))
+            "prompt_tokens": prompt_tokens, "completion_tokens": generated,
+            "total_tokens": prompt_tokens + generated}}))
     out.append(b"data: [DONE]\n\n")
     return out
 
@@ -126,11 +165,19 @@ class FakeEngine:
         try:
             if behaviour.delay_s:
                 await asyncio.sleep(behaviour.delay_s)
+            if behaviour.status != 200 and behaviour.error_body is not None:
+                return web.json_response(behaviour.error_body, status=behaviour.status)
             if behaviour.status != 200:
                 return web.json_response({"error": {
                     "message": "injected failure", "type": "server_error", "param": None,
                     "code": behaviour.status}}, status=behaviour.status)
-            prompt_tokens = len(json.dumps(body.get("messages") or body.get("prompt"))) // 4
+            # A continued request's prompt counts as the original's plus the tokens it holds.
+            start = continued_tokens(body, chat)
+            prompt = body.get("messages") or body.get("prompt")
+            if start:
+                prompt = prompt[:-1] if chat else str(prompt)[:-len(
+                    "".join(f" t{i}" for i in range(start)))]
+            prompt_tokens = len(json.dumps(prompt)) // 4
             if body.get("stream"):
                 return await self.stream(request, body, chat, prompt_tokens)
             text = "".join(f" t{i}" for i in range(behaviour.tokens))
@@ -151,16 +198,35 @@ class FakeEngine:
     async def stream(self, request: web.Request, body: dict[str, Any], chat: bool,
                      prompt_tokens: int) -> web.StreamResponse:
         behaviour = self.behaviour
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options") or {}
+        usage = bool(options.get("include_usage"))
+        start = continued_tokens(body, chat)
         events = sse_events(str(body.get("model")), behaviour.tokens, chat, usage,
-                            prompt_tokens)
+                            prompt_tokens + start, start,
+                            usage and bool(options.get("continuous_usage_stats")),
+                            behaviour.tool_call)
         response = web.StreamResponse(headers={"content-type": "text/event-stream; "
                                                               "charset=utf-8"})
         await response.prepare(request)
         for i, event in enumerate(events):
             if behaviour.cut_after_events is not None and i >= behaviour.cut_after_events:
-                assert request.transport is not None
-                request.transport.abort()
+                if behaviour.cut_how == "eof":
+                    await response.write_eof()
+                elif behaviour.cut_how == "error":
+                    await response.write(b'data: {"error":{"message":"engine step failed",'
+                                         b'"type":"InternalServerError","param":null,'
+                                         b'"code":500}}\n\ndata: [DONE]\n\n')
+                    await response.write_eof()
+                elif behaviour.cut_how == "half":  # half an event, then a reset
+                    await response.write(event[:len(event) // 2])
+                    await asyncio.sleep(0.05)
+                    assert request.transport is not None
+                    request.transport.abort()
+                elif behaviour.cut_how == "stall":
+                    await asyncio.sleep(3600)
+                else:
+                    assert request.transport is not None
+                    request.transport.abort()
                 return response
             if behaviour.event_gap_s and i:
                 await asyncio.sleep(behaviour.event_gap_s)

@@ -263,16 +263,19 @@ def test_a_5xx_is_passed_on_when_no_other_replica_may_take_it(
     run(scenario())
 
 
-def test_a_stream_cut_by_the_engine_is_cut_for_the_client(edge_with: Callable[..., Any]) -> None:
+def test_a_stream_cut_by_the_engine_with_resumption_off_ends_with_an_error_event(
+        edge_with: Callable[..., Any]) -> None:
     async def scenario() -> None:
         async with engines("m", "m") as (flaky, other), edge_with(
                 models={"m": [replica("flaky", flaky.url, rtt_ms=1),
-                              replica("other", other.url, rtt_ms=90)]}) as edge:
+                              replica("other", other.url, rtt_ms=90)]},
+                policy={"resume_streams_max": 0}) as edge:
             flaky.behaviour = Behaviour(tokens=20, cut_after_events=4, event_gap_s=0.01)
             response = await edge.chat("m", stream=True)
             assert response.status == 200
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await response.read()
+            last = (await response.read()).decode().split("\n\n")[-2]
+            assert json.loads(last.removeprefix("data: "))["error"]["code"] == (
+                "stream_interrupted")
             assert other.requests == []  # bytes had reached the client: no retry
             await wait_until(lambda: edge.edge.stats["flaky"].consecutive_failures == 1)
 

@@ -189,3 +189,44 @@ def test_a_failed_write_leaves_the_previous_table(tmp_path: Path, signing_key: E
     assert os.listdir(tmp_path) == [TABLE_FILE]
     loaded = load_last_known_good(tmp_path, keys)
     assert loaded is not None and loaded.version == 1
+
+
+@pytest.mark.parametrize(("where", "key", "value", "words"), [
+    ("policy", "resume_streams_max", 11, "within [0, 10]"),
+    ("policy", "resume_streams_max", -1, "within [0, 10]"),
+    ("policy", "resume_streams_max", "2", "must be an int"),
+    ("policy", "resume_streams_max", True, "must be an int"),
+    ("policy", "resume_deadline_s", 0, "must be > 0"),
+    ("policy", "stream_stall_s", -1.5, "must be > 0"),
+    ("policy", "stream_stall_s", "10s", "must be a number"),
+    ("tenant", "resume_streams", "no", "must be true or false"),
+    ("tenant", "resume_streams", 0, "must be true or false"),
+])
+def test_resumption_fields_are_checked(make_table: TableFactory, where: str, key: str,
+                                       value: Any, words: str) -> None:
+    table = make_table()
+    if where == "policy":
+        table["policy"][key] = value
+        field = f"policy.{key}"
+    else:
+        entry = next(iter(table["tenants"].values()))
+        entry[key] = value
+        field = f"tenants.{next(iter(table['tenants']))[:12]}.{key}"
+    with pytest.raises(TableError) as caught:
+        parse_table(table)
+    assert caught.value.field == field
+    assert words in str(caught.value)
+
+
+def test_resumption_fields_default_and_parse(make_table: TableFactory) -> None:
+    parsed = parse_table(make_table())
+    policy = parsed.policy
+    assert (policy.resume_streams_max, policy.resume_deadline_s, policy.stream_stall_s) == (
+        2, 30.0, 10.0)
+    assert all(rules.resume_streams for rules in parsed.tenants.values())
+    table = make_table(tenants={"k": tenant(resume_streams=False)})
+    table["policy"].update(resume_streams_max=0, resume_deadline_s=5, stream_stall_s=0.5)
+    parsed = parse_table(table)
+    assert (parsed.policy.resume_streams_max, parsed.policy.resume_deadline_s,
+            parsed.policy.stream_stall_s) == (0, 5.0, 0.5)
+    assert not next(iter(parsed.tenants.values())).resume_streams
