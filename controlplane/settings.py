@@ -157,7 +157,12 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_TASK_ROUTES = {"provisioning.*": {"queue": "provision"}}
+# Any one worker may die at any moment (DESIGN §6): a task is acknowledged once it has run,
+# a task whose pool process was killed goes back to the queue, and a worker holds one
+# message at a time. Every task is safe to run twice; the reconcile loops find again from
+# the rows what a worker took with it (countdown messages held in its memory).
 CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"

@@ -32,6 +32,16 @@ log = logging.getLogger(__name__)
 SYSTEM = "system:provisioning"
 # How long a replica may take from launch to ready before it is failed.
 READY_TIMEOUT = timedelta(seconds=int(getattr(settings, "MERIDIAN_READY_TIMEOUT_S", 1800)))
+# The queue is a hint, the rows are the truth: a job lost with the worker that held it (killed
+# mid-task, or holding a countdown message in memory) is found again by `reconcile` from the
+# replica's state and age. A pending replica this old gets its launch enqueued again (the
+# launch's conditional transition lets only one of two launches act) ...
+PENDING_STUCK = timedelta(seconds=10)
+# ... a launch that never recorded its provider handle (its worker died inside the provider
+# call) is failed, so failover replaces it and the reaper stops what it may have started ...
+LAUNCH_LOST = timedelta(seconds=20)
+# ... and a drain past twice its deadline (the deadline's terminate task was lost) ends.
+DRAIN_OVERDUE = timedelta(seconds=60)
 
 
 # -- providers ------------------------------------------------------------------------------
@@ -211,8 +221,17 @@ def _launch_ended(replica: Replica, state: str, message: str, error_kind: str) -
 def check(replica_id: int) -> str:
     """Advance a launching replica: provisioning → starting → ready, or failed.
 
-    Returns the replica's state afterwards; callers re-check while it is not settled.
+    Returns the replica's state afterwards; callers re-check while it is not settled. Safe to
+    run twice at once (the check chain and `reconcile`): the loser of a transition race
+    returns the state the winner left.
     """
+    try:
+        return _check(replica_id)
+    except IllegalTransition:
+        return str(Replica.objects.filter(pk=replica_id).values_list("state", flat=True).first())
+
+
+def _check(replica_id: int) -> str:
     replica = Replica.objects.select_related("deployment", "region__cloud").get(pk=replica_id)
     if replica.state not in (S.PROVISIONING, S.STARTING):
         return replica.state
@@ -308,9 +327,11 @@ class ReconcileReport:
     checked: int = 0
     failed: list[str] = field(default_factory=list)
     reaped: list[str] = field(default_factory=list)
+    terminated: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"checked": self.checked, "failed": self.failed, "reaped": self.reaped}
+        return {"checked": self.checked, "failed": self.failed, "reaped": self.reaped,
+                "terminated": self.terminated}
 
 
 def reconcile() -> ReconcileReport:
@@ -318,14 +339,30 @@ def reconcile() -> ReconcileReport:
     resources no replica owns. Replacing failed replicas is failover's job
     (controlplane.failover.services.replace_failed), placed by the solver."""
     report = ReconcileReport()
+    now = timezone.now()
     live = Replica.objects.filter(state__in=LIVE_STATES - {S.PENDING}).select_related(
         "deployment", "region__cloud"
     )
     for replica in live:
         handle = handle_of(replica)
         if handle is None:
+            if replica.state == S.PROVISIONING and now - replica.state_changed_at > LAUNCH_LOST:
+                _fail_lost_launch(replica, report)
             continue
         report.checked += 1
+        if replica.state in (S.PROVISIONING, S.STARTING):
+            # The check chain may have died with its worker; checking again is harmless.
+            if check(replica.pk) == S.FAILED:
+                report.failed.append(replica.public_id)
+            continue
+        if replica.state == S.DRAINING and now - replica.state_changed_at > DRAIN_OVERDUE:
+            try:
+                terminate(replica.pk, actor="system:reconcile",
+                          reason="drain overdue: its deadline passed long ago")
+                report.terminated.append(replica.public_id)
+            except (ProviderError, IllegalTransition) as exc:
+                log.warning("could not end the drain of %s: %s", replica.public_id, exc)
+            continue
         status = get_provider(replica.provider).poll(handle)
         if status.state in ("failed", "terminated"):
             try:
@@ -337,6 +374,24 @@ def reconcile() -> ReconcileReport:
                 continue
     report.reaped.extend(reap_unowned())
     return report
+
+
+def _fail_lost_launch(replica: Replica, report: ReconcileReport) -> None:
+    try:
+        transition(replica, S.FAILED, actor="system:reconcile",
+                   reason=f"launch lost: no provider handle after {LAUNCH_LOST.seconds} s",
+                   last_error="launch lost (its worker stopped during the provider call)")
+        report.failed.append(replica.public_id)
+    except IllegalTransition:
+        pass
+
+
+def stuck_pending() -> list[int]:
+    """Pending replicas whose launch should have started by now: the message was lost with
+    its worker. The caller enqueues their launch again."""
+    return list(Replica.objects.filter(state=S.PENDING,
+                                       created_at__lt=timezone.now() - PENDING_STUCK)
+                .order_by("pk").values_list("pk", flat=True))
 
 
 def _wanted_replica_ids() -> set[str]:

@@ -54,7 +54,12 @@ def reconcile_replicas() -> dict[str, object]:
     with advisory_lock("provisioning.reconcile") as acquired:
         if not acquired:
             return {"skipped": "another worker is reconciling"}
-        return services.reconcile().as_dict()
+        # Jobs lost with a worker are found here again from the rows (services.reconcile).
+        report = services.reconcile().as_dict()
+        relaunched = services.stuck_pending()
+    for replica_id in relaunched:
+        provision_replica.delay(replica_id)
+    return {**report, "relaunched": relaunched}
 
 
 @shared_task(name="provisioning.reap_cloud_clusters")
