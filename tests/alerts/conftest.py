@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -66,10 +65,12 @@ def make_edge(catalog: dict[str, Any]) -> Callable[..., Any]:
 @dataclass
 class Receiver:
     """A webhook receiver on a real port: answers each POST with the next scripted status
-    (the last one repeats), optionally after a delay, and keeps what it was sent."""
+    (the last one repeats), or with `hold` not until the test ends, and keeps what it was
+    sent."""
 
     statuses: list[int] = field(default_factory=lambda: [200])
-    delay_s: float = 0.0
+    hold: bool = False
+    released: threading.Event = field(default_factory=threading.Event)
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
@@ -86,8 +87,8 @@ def receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if state.delay_s:
-                time.sleep(state.delay_s)
+            if state.hold:
+                state.released.wait(60)
             with lock:
                 state.received.append(json.loads(body))
                 state.headers.append(dict(self.headers))
@@ -106,5 +107,6 @@ def receiver() -> Iterator[Receiver]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield state
+    state.released.set()
     server.shutdown()
     server.server_close()

@@ -3,7 +3,6 @@ retries on failure by the Celery task, giving up, timeouts, and a bad URL."""
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -29,9 +28,8 @@ def _region(catalog: dict[str, Any], state: str) -> None:
 def test_opened_and_resolved_are_posted_as_json(catalog, receiver, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setitem(settings.MERIDIAN, "ALERT_WEBHOOK_URL", receiver.url)
     _region(catalog, "down")
-    started = time.monotonic()
     report = services.evaluate()
-    assert time.monotonic() - started < 2 and receiver.received == []  # evaluation only queues
+    assert receiver.received == []  # evaluation only queues: nothing was posted meanwhile
     alert = Alert.objects.get()
     assert alert.notify_state == NotifyState.PENDING
     [delivery_id] = report.deliveries
@@ -91,12 +89,10 @@ def test_the_task_gives_up_after_its_retries(catalog, receiver, monkeypatch):  #
 def test_a_slow_receiver_times_out(catalog, receiver, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setitem(settings.MERIDIAN, "ALERT_WEBHOOK_URL", receiver.url)
     monkeypatch.setitem(settings.MERIDIAN, "ALERT_WEBHOOK_TIMEOUT_S", 0.2)
-    receiver.delay_s = 1.0
+    receiver.hold = True  # answers only when the test ends: the timeout must end the wait
     _region(catalog, "down")
     [delivery_id] = services.evaluate().deliveries
-    started = time.monotonic()
     assert services.deliver(delivery_id) is False
-    assert time.monotonic() - started < 0.9
     delivery = AlertDelivery.objects.get(pk=delivery_id)
     assert delivery.state == "pending" and delivery.attempts == 1
     assert "timed out" in delivery.last_error

@@ -104,11 +104,11 @@ def test_a_drill_kills_the_region_and_the_watch_loop_takes_it_from_there(  # typ
                                                 {"region": "local:eu-frankfurt"}, format="json")
         assert again.status_code == 400 and "still running" in again.json()["region"][0]
 
-        report = wait_until(lambda: (r := services.watch()).failed and r, 5, what="failures seen")
+        report = wait_until(lambda: (r := services.watch()).failed and r, 30, what="failures seen")
         assert sorted(report.failed) == sorted(r.public_id for r in victims)
         incident.refresh_from_db()
         assert incident.kind == IncidentKind.DRILL and incident.detected_at is not None
-        assert (incident.detected_at - incident.started_at).total_seconds() < 2
+        assert 0 <= (incident.detected_at - incident.started_at).total_seconds() < 30
         # Frankfurt is down: both replacements go to the other EU lab region.
         new = Replica.objects.filter(state=S.PENDING)
         assert {r.region.code for r in new} == {"eu-amsterdam"} and len(new) == 2

@@ -154,10 +154,10 @@ def test_launch_poll_endpoint_terminate(local_provider) -> None:  # type: ignore
     from_home = local_provider.endpoint(handle, from_region="eu-frankfurt")
     assert len({direct, from_tokyo, from_home}) == 3
     assert local_provider.endpoint(handle, from_region="aws:us-east-1") == direct  # not a lab one
-    far = min(timed_get(f"{from_tokyo}/health") for _ in range(3))
-    near = min(timed_get(f"{from_home}/health") for _ in range(3))
-    assert 0.090 <= far < 0.092 + 0.100, far  # 2 × 46 ms, less timer resolution
-    assert near < 0.030, near
+    # The relay's delay is a floor, whatever the load: 2 × 46 ms, less timer resolution.
+    # (Frankfurt's own port adds 2 × 0.25 ms: the delays test above, without a clock.)
+    assert timed_get(f"{from_tokyo}/health") >= 0.090
+    get_json(f"{from_home}/v1/models")  # served through its own relay port
 
     record_file = local_provider.state_dir / "r-1.json"
     record = json.loads(record_file.read_text())

@@ -44,14 +44,14 @@ def test_relay_delays_both_ways_and_keeps_bytes(echo_server) -> None:  # type: i
     relay = start_relay(echo_server.port, {near: 0, far: 40})
     try:
         payload = bytes(range(256)) * 4  # every byte value, small enough to echo at once
-        direct = median_rtt(echo_server.port, payload)
-        fast = median_rtt(near, payload)
+        assert median_rtt(echo_server.port, payload) >= 0
+        assert median_rtt(near, payload) >= 0  # bytes unchanged through the undelayed port
         slow = median_rtt(far, payload)
-        # 40 ms each way: the round trip takes 80 ms (less up to a millisecond of timer
-        # resolution per hop) and not much more than that beyond the direct one.
+        # 40 ms each way: the round trip takes 80 ms at least (less up to a millisecond of
+        # timer resolution per hop). Only the floor is asserted: a loaded machine adds time,
+        # never removes it. (That the near port adds nothing is the relay's configuration,
+        # checked without a clock in the providers' delay tests.)
         assert slow >= 0.078, slow
-        assert slow - direct < 0.080 + 0.040, (slow, direct)
-        assert fast - direct < 0.020, (fast, direct)
         _, got = round_trip(far, bytes(range(256)) * 400)
         assert got == bytes(range(256)) * 400
     finally:
@@ -59,12 +59,14 @@ def test_relay_delays_both_ways_and_keeps_bytes(echo_server) -> None:  # type: i
 
 
 def test_delay_does_not_limit_throughput(digest_server) -> None:  # type: ignore[no-untyped-def]
-    """8 MiB through a 50 ms link: a relay that slept per chunk would need 128 × 50 ms."""
+    """8 MiB through a 500 ms link: a relay that slept per chunk (64 KiB at most) would need
+    128 × 500 ms = 64 s one way; one that pipelines needs a round trip and a bit. The bound
+    is the generous one, 30 s: it only tells the two designs apart."""
     port = free_port()
-    relay = start_relay(digest_server.port, {port: 50})
+    relay = start_relay(digest_server.port, {port: 500})
     try:
         payload = hashlib.sha256(b"seed").digest() * (8 * 1024 * 1024 // 32)
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
             started = time.perf_counter()
             conn.sendall(payload)
             conn.shutdown(socket.SHUT_WR)  # the half-close must travel through the relay too
@@ -73,7 +75,7 @@ def test_delay_does_not_limit_throughput(digest_server) -> None:  # type: ignore
                 answer += chunk
             elapsed = time.perf_counter() - started
         assert answer.decode() == hashlib.sha256(payload).hexdigest()
-        assert 0.100 <= elapsed < 0.100 + 1.5, elapsed
+        assert 1.0 <= elapsed < 30, elapsed
     finally:
         stop(relay)
 

@@ -203,7 +203,7 @@ OBSERVE = textwrap.dedent("""\
     from controlplane.provisioning.skypilot import SkyPilotProvider
     started = time.monotonic()
     try:
-        offers = SkyPilotProvider(clouds={"lambda": "lambda"}, timeout_s=20).observe_offers()
+        offers = SkyPilotProvider(clouds={"lambda": "lambda"}, timeout_s=120).observe_offers()
         out = {"offers": [[o.cloud, o.region, o.gpu, o.gpus_per_node, o.instance_type,
                            o.on_demand_usd_h, o.spot_usd_h] for o in offers]}
     except ProviderError as exc:
@@ -221,7 +221,7 @@ def observe_in_child(home: Path) -> dict[str, Any]:
            "HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy,
            "http_proxy": proxy, "NO_PROXY": "", "no_proxy": ""}
     done = subprocess.run([sys.executable, "-c", OBSERVE], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads(lines[-1][len("RESULT "):])  # type: ignore[no-any-return]
@@ -231,7 +231,9 @@ def test_the_real_catalog_unreachable_is_unavailable_and_quick(tmp_path) -> None
     result = observe_in_child(tmp_path)
     assert result.get("kind") == "unavailable", result
     assert "lambda" in result["message"].lower() or "catalog" in result["message"].lower()
-    assert result["elapsed"] < 15
+    # Refused at once rather than waited out: far below the 120 s limit (the bound is
+    # generous; the point is that the refusal ends the call, not the time limit).
+    assert result["elapsed"] < 60
 
 
 def test_the_real_catalog_is_read_when_cached(tmp_path) -> None:  # type: ignore[no-untyped-def]
