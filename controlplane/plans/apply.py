@@ -93,20 +93,25 @@ def advance(plan_id: int) -> str:
     states = dict(Replica.objects.filter(pk__in=added).values_list("pk", "state"))
     if any(states.get(pk) in (S.FAILED, S.TERMINATED) for pk in added):
         failed = [f"r-{pk}" for pk in added if states.get(pk) in (S.FAILED, S.TERMINATED)]
-        Plan.objects.filter(pk=plan_id).update(
-            status=PlanStatus.FAILED, log=plan.log + f"added replicas failed: {failed}\n")
+        if not Plan.objects.filter(pk=plan_id, status=PlanStatus.APPLYING).update(
+                status=PlanStatus.FAILED, log=plan.log + f"added replicas failed: {failed}\n"):
+            return Plan.objects.get(pk=plan_id).status  # another run got there first
         record_audit("system:placement", "plan.failed", plan,
                      reason=f"new replicas failed ({', '.join(failed)}); removals not started")
         return PlanStatus.FAILED
     if any(states.get(pk) not in SERVING_STATES for pk in added):
         return PlanStatus.APPLYING
     with transaction.atomic():
+        # The conditional UPDATE first: it locks the plan's row, so of two runs at once (a
+        # redelivered task beside the chain, or the periodic resume) one drains, the other
+        # finds the plan applied and stops.
+        if not Plan.objects.filter(pk=plan_id, status=PlanStatus.APPLYING).update(
+                status=PlanStatus.APPLIED, applied_at=timezone.now()):
+            return Plan.objects.get(pk=plan_id).status
         for change in plan.changes.filter(action=ChangeAction.REMOVE).select_related("deployment"):
             drained = _drain_for_change(change, plan)
             change.replica_ids = drained
             change.save(update_fields=["replica_ids"])
-        Plan.objects.filter(pk=plan_id).update(status=PlanStatus.APPLIED,
-                                               applied_at=timezone.now())
         record_audit("system:placement", "plan.applied", plan,
                      reason="added replicas ready; removals draining")
     return PlanStatus.APPLIED
@@ -126,6 +131,11 @@ def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
     for replica in chosen:
         retire_replica(replica, actor="system:placement", reason=reason)
     return [r.pk for r in chosen]
+
+
+def applying_plans() -> list[int]:
+    return list(Plan.objects.filter(status=PlanStatus.APPLYING).order_by("pk")
+                .values_list("pk", flat=True))
 
 
 @shared_task(name="placement.advance_plan")
