@@ -6,6 +6,13 @@ chunk for DELAY_MS in each direction (so a round trip costs twice DELAY_MS). Eac
 is a reader that stamps chunks with their due time and a writer that releases them when due,
 so the delay adds latency without limiting throughput: a reader never waits on a sleeping
 writer, and many chunks can be in flight at once, as on a long link.
+
+SIGUSR1 toggles a black hole (a partition): while it lasts nothing is forwarded either way
+and nothing is closed or refused — bytes are held (as TCP would retransmit them) and new
+connections are accepted but not connected upstream — so a client sees a peer that has gone
+silent, not one that has gone away; the next SIGUSR1 heals it and what was held flows on.
+Unlike a kernel partition (tests/netns.py), the relay's own kernel still acknowledges what it
+receives, so to a client it looks like an engine that accepts and never answers.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from collections import deque
 
@@ -23,14 +31,39 @@ CHUNK = 64 * 1024
 MAX_IN_FLIGHT = 32 * 1024 * 1024
 
 
+class Link:
+    """Whether the relay forwards (`up` set) or black-holes everything (cleared)."""
+
+    def __init__(self) -> None:
+        self.up = asyncio.Event()
+        self.up.set()
+
+    @property
+    def black_hole(self) -> bool:
+        return not self.up.is_set()
+
+    def toggle(self) -> None:
+        if self.up.is_set():
+            self.up.clear()
+        else:
+            self.up.set()
+        print(f"netem: {'black hole: forwarding nothing' if self.black_hole else 'forwarding'}",
+              file=sys.stderr, flush=True)
+
+    async def wait_up(self) -> None:
+        if not self.up.is_set():
+            await self.up.wait()
+
+
 class _DelayedDirection:
     """One direction of one connection: stamp on read, release on due time."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 delay_s: float) -> None:
+                 delay_s: float, link: Link | None = None) -> None:
         self.reader = reader
         self.writer = writer
         self.delay_s = delay_s
+        self.link = link
         self.queue: deque[tuple[float, bytes]] = deque()
         self.queued_bytes = 0
         self.eof = False
@@ -66,6 +99,8 @@ class _DelayedDirection:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                if self.link is not None:
+                    await self.link.wait_up()
                 self.queue.popleft()
                 self.queued_bytes -= len(data)
                 if self.queued_bytes < MAX_IN_FLIGHT:
@@ -89,15 +124,18 @@ class _DelayedDirection:
 
 
 async def relay_connection(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
-                           upstream: tuple[str, int], delay_s: float) -> None:
+                           upstream: tuple[str, int], delay_s: float,
+                           link: Link | None = None) -> None:
+    if link is not None:
+        await link.wait_up()
     try:
         up_r, up_w = await asyncio.open_connection(*upstream)
     except OSError:
         client_w.close()
         return
     try:
-        await asyncio.gather(_DelayedDirection(client_r, up_w, delay_s).run(),
-                             _DelayedDirection(up_r, client_w, delay_s).run())
+        await asyncio.gather(_DelayedDirection(client_r, up_w, delay_s, link).run(),
+                             _DelayedDirection(up_r, client_w, delay_s, link).run())
     finally:
         for w in (client_w, up_w):
             with contextlib.suppress(Exception):
@@ -105,15 +143,20 @@ async def relay_connection(client_r: asyncio.StreamReader, client_w: asyncio.Str
 
 
 async def serve(upstream: tuple[str, int], listens: list[tuple[str, int, float]],
-                stop: asyncio.Event | None = None) -> None:
-    """Relay until `stop` is set (or SIGTERM/SIGINT when run as a process)."""
+                stop: asyncio.Event | None = None, link: Link | None = None) -> None:
+    """Relay until `stop` is set (or SIGTERM/SIGINT when run as a process; SIGUSR1 toggles
+    the black hole)."""
     servers = []
+    if link is None:
+        link = Link()
+        if stop is None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, link.toggle)
     for host, port, delay_ms in listens:
         delay_s = delay_ms / 1000.0
 
         async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter,
                          delay_s: float = delay_s) -> None:
-            await relay_connection(r, w, upstream, delay_s)
+            await relay_connection(r, w, upstream, delay_s, link)
 
         servers.append(await asyncio.start_server(handle, host, port))
     if stop is None:
