@@ -11,6 +11,10 @@ start with `--fault`. The modes, as an operator would see them on a real engine:
 - slow: every engine step and every request's overhead take `factor` times as long.
 - die: the process exits at once without closing its sockets (a crashed engine); the admin
   request that asks for it is answered first.
+- Mid-stream, each streamed answer after `after_tokens` tokens (default 8; requests are
+  otherwise served): reset (its connection is reset), eof (the answer ends without
+  `data: [DONE]`), error_event (vLLM's error event, then `[DONE]`, as when generation fails),
+  stall (nothing more is sent, the connection stays open).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MODES = ("none", "fail", "hang", "slow", "die")
+MID_STREAM = ("reset", "eof", "error_event", "stall")
+MODES = ("none", "fail", "hang", "slow", "die", *MID_STREAM)
 
 
 class FaultError(ValueError):
@@ -31,6 +36,11 @@ class Faults:
     status: int = 503
     factor: float = 1.0
     health: bool = True
+    after_tokens: int = 8
+
+    @property
+    def cuts_streams(self) -> bool:
+        return self.mode in MID_STREAM
 
     @property
     def slow_factor(self) -> float:
@@ -50,16 +60,17 @@ class Faults:
 
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "status": self.status, "factor": self.factor,
-                "health": self.health}
+                "health": self.health, "after_tokens": self.after_tokens}
 
 
 def parse_faults(body: Any) -> Faults:
     """Validate an admin request body into Faults; omitted fields take their defaults."""
     if not isinstance(body, dict):
         raise FaultError("the body must be a JSON object such as {\"mode\": \"fail\"}")
-    unknown = sorted(set(body) - {"mode", "status", "factor", "health"})
+    unknown = sorted(set(body) - {"mode", "status", "factor", "health", "after_tokens"})
     if unknown:
-        raise FaultError(f"unknown field(s) {unknown}; known: mode, status, factor, health")
+        raise FaultError(f"unknown field(s) {unknown}; known: mode, status, factor, health, "
+                         "after_tokens")
     mode = body.get("mode", "none")
     if mode not in MODES:
         raise FaultError(f"mode: must be one of {', '.join(MODES)}, not {mode!r}")
@@ -72,4 +83,7 @@ def parse_faults(body: Any) -> Faults:
     health = body.get("health", True)
     if not isinstance(health, bool):
         raise FaultError(f"health: must be true or false, not {health!r}")
-    return Faults(mode, status, float(factor), health)
+    after = body.get("after_tokens", 8)
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise FaultError(f"after_tokens: must be an integer >= 0, not {after!r}")
+    return Faults(mode, status, float(factor), health, after)

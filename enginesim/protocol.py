@@ -39,11 +39,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from enginesim.tokenizer import (
+    VOCABULARY,
     VOCABULARY_JSON,
     ChatFormatError,
     count_tokens,
     decode,
+    generation_offset,
+    natural_length,
     render_chat,
+    token_index,
 )
 
 # The vLLM release whose HTTP surface enginesim reproduces (and reports at /version).
@@ -160,6 +164,42 @@ class GenerationRequest:
     from_ids: bool = False
     # The role of the answer: the assistant's, or the final message's when it is continued.
     role: str = "assistant"
+    # A chat that continues the simulator's own answer (continue_final_message, the final
+    # assistant message holding its first tokens): where that answer's text starts, how many
+    # of its tokens the message holds, and how many tokens it has left before its end.
+    text_offset: int | None = None
+    continued_tokens: int = 0
+    natural_left: int = 0
+
+
+def continuation(body: dict[str, Any], server_seed: int) -> tuple[int, int, int, int] | None:
+    """(text offset, tokens held, tokens left, prompt tokens) when a chat's final assistant
+    message, continued, is the first k tokens this server would have answered the
+    conversation before it with: then the answer goes on from token k, as a model at
+    temperature 0 continues its own text, and the prompt counts the original prompt's tokens
+    plus those k (a tokenizer splits a model's own text into the tokens it produced)."""
+    messages = body.get("messages")
+    if not (body.get("continue_final_message") is True and isinstance(messages, list)
+            and len(messages) > 1 and isinstance(messages[-1], dict)
+            and messages[-1].get("role") == "assistant"):
+        return None
+    content = messages[-1].get("content")
+    if not isinstance(content, str) or not content:
+        return None
+    try:
+        prompt = render_chat(messages[:-1], True, False)
+    except ChatFormatError:
+        return None
+    seed = body.get("seed")
+    offset = generation_offset(server_seed, seed if isinstance(seed, int) else None, prompt)
+    natural = natural_length(offset)
+    text, k = "", 0
+    while len(text) < len(content) and k < natural - 1:
+        text += VOCABULARY[token_index(offset, k)]
+        k += 1
+    if text != content:
+        return None
+    return offset + k, k, natural - k, count_tokens(prompt) + k
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -240,7 +280,8 @@ def parse_prompt(body: dict[str, Any]) -> tuple[str, int, bool]:
     return raw, count_tokens(raw), False
 
 
-def parse_generation(body: dict[str, Any], chat: bool) -> GenerationRequest:
+def parse_generation(body: dict[str, Any], chat: bool,
+                     server_seed: int | None = None) -> GenerationRequest:
     stream = _opt_bool(body, "stream")
     stream_options = body.get("stream_options")
     if stream_options is not None:
@@ -261,10 +302,14 @@ def parse_generation(body: dict[str, Any], chat: bool) -> GenerationRequest:
         raise ApiError(400, "enginesim serves one choice per request (n=1).", param="n")
     role = "assistant"
     from_ids = False
+    text_offset, held, left = None, 0, 0
     if chat:
         max_tokens, param = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
         prompt, role = parse_messages(body)
         prompt_tokens = count_tokens(prompt)
+        continued = None if server_seed is None else continuation(body, server_seed)
+        if continued is not None:
+            text_offset, held, left, prompt_tokens = continued
     else:
         max_tokens, param = _max_tokens(body, ("max_tokens",))
         prompt, prompt_tokens, from_ids = parse_prompt(body)
@@ -272,7 +317,7 @@ def parse_generation(body: dict[str, Any], chat: bool) -> GenerationRequest:
     min_tokens = _opt_int(body, "min_tokens") or 0
     return GenerationRequest(chat, prompt, prompt_tokens, max_tokens, param, stream,
                              include_usage, continuous, seed, _opt_bool(body, "ignore_eos"),
-                             max(min_tokens, 0), from_ids, role)
+                             max(min_tokens, 0), from_ids, role, text_offset, held, left)
 
 
 def check_context(request: GenerationRequest, max_model_len: int) -> int:

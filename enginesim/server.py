@@ -155,6 +155,10 @@ class StreamOutput:
             return
         frames = self.frames
         position = seq.num_output - 1
+        faults = self.config.faults
+        if faults.cuts_streams and position >= faults.after_tokens:
+            self.cut(seq, faults.mode)
+            return
         reason = seq.finish_reason
         vocab = None if reason == "stop" else token_index(self.offset, position)
         if reason is None:
@@ -174,6 +178,37 @@ class StreamOutput:
             data = b"%x\r\n" % len(data) + data + b"\r\n"
         transport.write(data)
         if reason is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def wait_for_hang_up(self) -> None:
+        """A stalled answer: nothing more is sent; it ends when its client hangs up."""
+        if self.transport.is_closing():
+            if not self.done.done():
+                self.done.set_result(None)
+            return
+        asyncio.get_running_loop().call_later(0.1, self.wait_for_hang_up)
+
+    def cut(self, seq: Sequence, mode: str) -> None:
+        """A mid-stream fault: end this answer as a failing engine would."""
+        transport = self.transport
+        self.engine.abort(seq)
+        if mode == "stall":
+            self.wait_for_hang_up()
+            return
+        if mode == "reset":
+            transport.abort()
+        else:
+            data = b""
+            if mode == "error_event":
+                data = b"data: " + dumps({"error": {
+                    "message": "The engine failed while generating (fault injection mode "
+                    "'error_event').", "type": "InternalServerError", "param": None,
+                    "code": 500}}) + b"\n\n" + DONE
+            if self.chunked:
+                data = (b"%x\r\n" % len(data) + data + b"\r\n" if data else b"") + b"0\r\n\r\n"
+            transport.write(data)
+            transport.close()
+        if not self.done.done():
             self.done.set_result(None)
 
 
@@ -241,7 +276,7 @@ class EngineServer:
         arrival = time.monotonic()
         try:
             body = await self._body(request)
-            parsed = parse_generation(body, chat)
+            parsed = parse_generation(body, chat, cfg.seed)
             max_tokens = check_context(parsed, cfg.max_model_len)
         except ApiError as exc:
             return _error(exc)
@@ -250,7 +285,8 @@ class EngineServer:
         request_id = prefix + request.headers.get("X-Request-Id", random_uuid())
         created = int(time.time())
         served = cfg.served_model_names[0]
-        offset = generation_offset(cfg.seed, parsed.seed, parsed.prompt)
+        offset = generation_offset(cfg.seed, parsed.seed, parsed.prompt) \
+            if parsed.text_offset is None else parsed.text_offset
         seq = Sequence(prompt_tokens,
                        block_hashes(parsed.prompt, cfg.block_tokens), max_tokens,
                        _eos_at(parsed, offset), arrival)
@@ -407,7 +443,8 @@ def _error_type(status: int) -> str:
 def _eos_at(parsed: GenerationRequest, offset: int) -> int | None:
     if parsed.ignore_eos:
         return None
-    return max(natural_length(offset), parsed.min_tokens + 1)
+    natural = natural_length(offset) if parsed.text_offset is None else parsed.natural_left
+    return max(natural, parsed.min_tokens + 1)
 
 
 ENGINE_KEY = web.AppKey("engine", Engine)

@@ -12,6 +12,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httptools
 import pytest
@@ -171,3 +172,67 @@ def _answers(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.fixture(scope="module")
+def enginesim_pair() -> Iterator[list[int]]:
+    ports = [free_port(), free_port()]
+    processes = [start_enginesim(port) for port in ports]
+    try:
+        for port in ports:
+            asyncio.run(wait_until(lambda port=port: _answers(port), timeout_s=20))
+        yield ports
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def _post(port: int, path: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.parametrize("fault", ["reset", "eof", "error_event", "stall"])
+def test_a_stream_cut_by_an_enginesim_fault_continues_on_the_other_as_the_same_answer(
+        signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory,
+        enginesim_pair: list[int], fault: str) -> None:
+    """enginesim continues its own answer (continue_final_message), as a model at
+    temperature 0 would: the resumed stream is the uninterrupted answer, token for token."""
+    faulty, healthy = enginesim_pair
+    messages = [{"role": "user", "content": f"the {fault} question"}]
+    whole = _post(healthy, "/v1/chat/completions",
+                  {"model": "sim", "messages": messages, "max_tokens": 60})
+    _post(faulty, "/sim/faults", {"mode": fault, "after_tokens": 7})
+    try:
+        async def scenario() -> None:
+            table = make_table(models={"sim": [
+                replica("faulty", f"http://127.0.0.1:{faulty}", rtt_ms=1),
+                replica("healthy", f"http://127.0.0.1:{healthy}", rtt_ms=90)]},
+                policy={"scorers": {"latency": 1.0}, "stream_stall_s": 0.5})
+            async with running_edge(signing_key, state_dir) as edge:
+                assert (await edge.push(table, signing_key))[0] == 200
+                response = await edge.chat("sim", messages[0]["content"], stream=True,
+                                           max_tokens=60, stream_options={"include_usage": True})
+                raw = (await response.read()).decode()
+                assert raw.endswith("data: [DONE]\n\n")
+                chunks = [json.loads(e[6:]) for e in raw.split("\n\n")[:-2]]
+                text = "".join(c["choices"][0]["delta"].get("content") or ""
+                               for c in chunks if c["choices"])
+                assert text == whole["choices"][0]["message"]["content"]
+                assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+                assert sum("role" in c["choices"][0]["delta"] for c in chunks
+                           if c["choices"]) == 1
+                usage = [c["usage"] for c in chunks if c.get("usage")]
+                assert len(usage) == 1 and chunks[-1]["usage"] == usage[0]
+                expected = whole["usage"]
+                assert (usage[0]["prompt_tokens"], usage[0]["completion_tokens"]) == (
+                    expected["prompt_tokens"], expected["completion_tokens"])
+                assert edge.edge.metrics.resumptions.get(("resumed",)) == 1
+
+        asyncio.run(scenario())
+    finally:
+        _post(faulty, "/sim/faults", {"mode": "none"})
