@@ -211,14 +211,15 @@ async def conversation_slot(slot: int, session: aiohttp.ClientSession, url: str,
 
 
 def start_engines(ports: list[int], kv_cache_tokens: int, profile: str = "llama-8b-h100",
-                  max_model_len: int = 16_384) -> list[subprocess.Popen[bytes]]:
+                  max_model_len: int = 16_384, extra: tuple[str, ...] = ()
+                  ) -> list[subprocess.Popen[bytes]]:
     """enginesim processes, one per port; returns once all answer /health."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     processes = [subprocess.Popen(
         [sys.executable, "-m", "enginesim", "--port", str(port), "--model", MODEL,
          "--profile", profile, "--kv-cache-tokens", str(kv_cache_tokens),
          "--max-model-len", str(min(max_model_len, kv_cache_tokens)),
-         "--seed", str(i)],
+         "--seed", str(i), *extra],
         cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
         for i, port in enumerate(ports)]
     deadline = time.monotonic() + 30
@@ -411,7 +412,8 @@ class SimPair:
         stop(self.processes)
         self.ports = [free_port() for _ in range(self.args.replicas)]
         self.processes = start_engines(self.ports, self.args.kv_cache_tokens,
-                                       self.args.profile, self.args.max_model_len)
+                                       self.args.profile, self.args.max_model_len,
+                                       ("--enable-prompt-tokens-details",))
         return self.ports
 
     def close(self) -> None:
@@ -485,6 +487,41 @@ def chars_per_token(port: int, model: str) -> float:
         return len(sample) / json.loads(response.read())["count"]
 
 
+async def stream_timing(session: aiohttp.ClientSession, port: int, model: str, prompt: str,
+                        max_tokens: int) -> tuple[float, float, int]:
+    """(TTFT, total seconds, cached prompt tokens) of one streamed completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first, cached = 0.0, 0
+    async with session.post(f"http://127.0.0.1:{port}/v1/completions", json=body) as response:
+        async for line in response.content:
+            if not line.startswith(b"data: {"):
+                continue
+            data = json.loads(line[6:])
+            if data.get("choices") and not first:
+                first = time.perf_counter() - started
+            if data.get("usage"):
+                cached = (data["usage"].get("prompt_tokens_details") or {}).get(
+                    "cached_tokens") or 0
+    return first, time.perf_counter() - started, cached
+
+
+async def engine_timing(port: int, args: argparse.Namespace) -> dict[str, float]:
+    """How fast the engine is now, alone: a fresh prompt of ~system_tokens tokens prefilled
+    cold and then from the cache, and a lone 32-token decode; the enginesim profile's terms."""
+    prompt = system_prompt("calibration", args.system_tokens, random.Random(time.time()),
+                           args.chars_per_token)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        cold, _, _ = await stream_timing(session, port, args.model, prompt, 1)
+        warm, _, cached = await stream_timing(session, port, args.model, prompt, 1)
+        first, total, _ = await stream_timing(session, port, args.model, "Once upon a time",
+                                              32)
+    return {"ttft_cold_ms": round(cold * 1000, 1), "ttft_cached_ms": round(warm * 1000, 1),
+            "prefill_ms_per_token": round((cold - warm) * 1000 / cached, 3) if cached else 0.0,
+            "itl_ms": round((total - first) * 1000 / 31, 1)}
+
+
 def run_one_at_a_time(args: argparse.Namespace) -> dict[str, Any]:
     """The policies one after another on the same engines (with a real engine there is room
     for two, not one pair per policy), each run starting from empty prefix caches, the order
@@ -495,6 +532,9 @@ def run_one_at_a_time(args: argparse.Namespace) -> dict[str, Any]:
         if args.engine == "vllm":
             args.chars_per_token = round(chars_per_token(engines.ports[0], args.model), 2)
             log(f"engines up; their tokenizer: {args.chars_per_token} characters a token")
+        engines.fresh()
+        args.engine_timing = asyncio.run(engine_timing(engines.ports[0], args))
+        log(f"one engine alone, before the runs: {args.engine_timing}")
         systems = make_systems(args)
         # One edge per policy for the whole run; each run pushes it a table naming the
         # engines (the same ones each time for vLLM, fresh processes for enginesim).
@@ -581,6 +621,7 @@ def main() -> int:
         args.rounds = 1
     args.model = VLLM_MODEL if args.engine == "vllm" else MODEL
     args.chars_per_token = 4.0  # enginesim's; a real engine's is measured once it is up
+    args.engine_timing = None
     started = time.monotonic()
     engines = (f"{args.replicas} real vLLM engines (SmolLM2-135M, one core each, "
                f"{args.kv_cache_tokens} KV tokens each)" if args.engine == "vllm" else
@@ -629,6 +670,9 @@ def main() -> int:
         "steady_conversations_per_s": round(rate, 3) if rate else None,
         "errors": sum(r[phase]["errors"] for r in results.values() for phase in r),
         "engine": args.engine,
+        # The first engine alone before the runs (one-at-a-time runs only): what the machine's
+        # other load made of it this time, in the profile's terms.
+        "engine_timing": args.engine_timing,
         "profile": None if args.engine == "vllm" else args.profile,
         "workload": {key: getattr(args, key) for key in (
             "replicas", "users", "turns", "system_prompts", "system_tokens", "user_tokens",
