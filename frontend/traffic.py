@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from controlplane.core.services import Principal
 from controlplane.deployments.lifecycle import SERVING_STATES
+from controlplane.telemetry.edge_metrics import traffic_by_model
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.models import ReplicaSample
 from controlplane.telemetry.services import newest_edge_requests
@@ -134,8 +135,6 @@ def edge_errors(newer: Mapping[int, Mapping[str, float]],
     """Requests and 5xx between each edge's older and newer counters (keyed
     "model|region|tenant|status"), for one tenant's requests or, with None, all; None when
     no edge has an older sample to compare with. Pure."""
-    from controlplane.alerts.rules import traffic_by_model
-
     if not any(edge_id in older for edge_id in newer):
         return None
     by_model = traffic_by_model(((counters, older.get(edge_id)) for edge_id, counters in

@@ -15,9 +15,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from controlplane.core.services import record_audit
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
 CATALOG_PATH = Path(__file__).resolve().parent / "catalog" / "catalog.json"
@@ -256,10 +258,6 @@ def refresh_offers(provider: Any, stale_after: Any = None) -> RefreshReport:
 
     `provider` is anything with `name` and `observe_offers()` (the Provider protocol).
     """
-    from django.conf import settings
-
-    from controlplane.core.services import record_audit
-
     stale_after = stale_after or settings.MERIDIAN["CATALOG_STALE_AFTER"]
     try:
         observations = provider.observe_offers()

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin
 
 from controlplane.alerts.models import Alert, AlertCondition, AlertDelivery, RuleSetting
-from controlplane.alerts.rules import DEFAULTS
+from controlplane.alerts.thresholds import DEFAULTS
 from controlplane.core.admin import ReadOnlyAdmin
 from controlplane.core.admin_audit import AuditedAdmin
 

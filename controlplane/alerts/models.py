@@ -5,7 +5,7 @@ constraint keeps at most one open alert per (rule, subject). `AlertCondition` re
 when a condition has held for rules that must hold for a while before they open (`for_s`).
 `AlertDelivery` is one webhook notification (opened, escalated or resolved) and its delivery
 state.
-`RuleSetting` overrides a rule's default thresholds (see `alerts.rules.DEFAULTS`).
+`RuleSetting` overrides a rule's default thresholds (see `alerts.thresholds.DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -15,22 +15,11 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from controlplane.alerts.thresholds import DEFAULTS, Rule, Severity, Thresholds, merged
 from controlplane.core.tenancy import Tenancy, TenantQuerySet
 
-
-class Rule(models.TextChoices):
-    TTFT_SLO = "ttft_slo", "TTFT p95 over SLO"
-    ITL_SLO = "itl_slo", "ITL p95 over SLO"
-    ERROR_RATE = "error_rate", "Error rate (5xx share)"
-    REGION_DOWN = "region_down", "Region down or degraded"
-    QUOTA_EXHAUSTED = "quota_exhausted", "GPU quota exhausted"
-    BUDGET = "budget", "Monthly budget"
-    EDGE_TABLE_STALE = "edge_table_stale", "Edge table out of date"
-
-
-class Severity(models.TextChoices):
-    WARNING = "warning", "Warning"
-    CRITICAL = "critical", "Critical"
+__all__ = ["Alert", "AlertCondition", "AlertDelivery", "AlertState", "NotifyState", "Rule",
+           "RuleSetting", "Severity"]
 
 
 class AlertState(models.TextChoices):
@@ -173,16 +162,12 @@ class RuleSetting(models.Model):
     def __str__(self) -> str:
         return self.get_rule_display()
 
-    def effective(self):  # type: ignore[no-untyped-def]
+    def effective(self) -> Thresholds:
         """The rule's thresholds: its defaults with this row's overrides."""
-        from controlplane.alerts.rules import DEFAULTS, merged
-
         return merged(DEFAULTS[self.rule], enabled=self.enabled, warning=self.warning,
                       critical=self.critical, for_s=self.for_s, window_s=self.window_s)
 
     def clean(self) -> None:
-        from controlplane.alerts.rules import DEFAULTS
-
         if self.rule not in DEFAULTS:
             return  # the field's own validation names the bad choice
         limits = self.effective()

@@ -2,7 +2,8 @@
 
 Each rule compares a value with a warning and a critical threshold (value ≥ threshold) in its
 own unit, and returns one `Finding` per subject over a threshold. `services.py` loads the
-inputs, and opens and resolves Alert rows from the findings.
+inputs, and opens and resolves Alert rows from the findings. The rules' names and default
+thresholds are `thresholds.py`, which the models (a rule's overrides) use too.
 
 | rule | value | default warning / critical | for |
 |---|---|---|---|
@@ -17,57 +18,14 @@ inputs, and opens and resolves Alert rows from the findings.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.alerts.models import Rule, Severity
-from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
+from controlplane.alerts.thresholds import Rule, Severity, Thresholds
 
 # The error-rate rule ignores models with fewer responses than this in its window, so that
 # one failed request out of two is not a 50% error rate.
 MIN_REQUESTS = 20
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    warning: float | None
-    critical: float | None
-    for_s: int = 0
-    window_s: int = 60
-    enabled: bool = True
-
-    def severity(self, value: float) -> str | None:
-        if self.critical is not None and value >= self.critical:
-            return Severity.CRITICAL
-        if self.warning is not None and value >= self.warning:
-            return Severity.WARNING
-        return None
-
-    def threshold(self, severity: str) -> float | None:
-        return self.critical if severity == Severity.CRITICAL else self.warning
-
-
-DEFAULTS: dict[str, Thresholds] = {
-    Rule.TTFT_SLO: Thresholds(warning=1.0, critical=2.0, for_s=60, window_s=60),
-    Rule.ITL_SLO: Thresholds(warning=1.0, critical=2.0, for_s=60, window_s=60),
-    Rule.ERROR_RATE: Thresholds(warning=0.05, critical=0.20, for_s=60, window_s=300),
-    Rule.REGION_DOWN: Thresholds(warning=None, critical=None),
-    Rule.QUOTA_EXHAUSTED: Thresholds(warning=0.9, critical=1.0),
-    Rule.BUDGET: Thresholds(warning=0.8, critical=1.0),
-    Rule.EDGE_TABLE_STALE: Thresholds(warning=30.0, critical=300.0),
-}
-
-
-def merged(default: Thresholds, *, enabled: bool = True, warning: float | None = None,
-           critical: float | None = None, for_s: int | None = None,
-           window_s: int | None = None) -> Thresholds:
-    """A rule's defaults with the given overrides (None keeps the default)."""
-    changes: dict[str, object] = {"enabled": enabled}
-    for name, value in (("warning", warning), ("critical", critical), ("for_s", for_s),
-                        ("window_s", window_s)):
-        if value is not None:
-            changes[name] = value
-    return replace(default, **changes)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -132,31 +90,6 @@ class ModelTraffic:
     requests: float
     errors: float
     tenant_id: int | None = None
-
-
-def is_error_status(status: str) -> bool:
-    """Server-side failures: 5xx answers (the edge's own 502/503/504 included)."""
-    return len(status) == 3 and status.startswith("5") and status.isdigit()
-
-
-def traffic_by_model(pairs: Iterable[tuple[Mapping[str, float], Mapping[str, float] | None]],
-                     tenant: str | None = None) -> dict[str, tuple[float, float]]:
-    """(requests, 5xx) per model from pairs of an edge's newer and older request counters
-    (keyed "model|region|tenant|status"), only one tenant's requests when `tenant` is
-    given; pairs with no older sample are skipped."""
-    totals: dict[str, list[float]] = {}
-    for newer, older in pairs:
-        if older is None:
-            continue
-        for joined, grown in counter_delta(newer, older).items():
-            labels = split_key(joined, REQUEST_LABELS)
-            if tenant is not None and labels["tenant"] != tenant:
-                continue
-            row = totals.setdefault(labels["model"], [0.0, 0.0])
-            row[0] += grown
-            if is_error_status(labels["status"]):
-                row[1] += grown
-    return {model: (row[0], row[1]) for model, row in totals.items()}
 
 
 def error_rate(models: Iterable[ModelTraffic], limits: Thresholds,

@@ -38,8 +38,18 @@ from controlplane.alerts.models import (
     RuleSetting,
     Severity,
 )
-from controlplane.alerts.rules import Finding, Thresholds
+from controlplane.alerts.rules import Finding
+from controlplane.alerts.thresholds import DEFAULTS, Thresholds
+from controlplane.core.models import Tenant
 from controlplane.core.services import Principal, record_audit
+from controlplane.costs.services import month_to_date_usd
+from controlplane.deployments.lifecycle import SERVING_STATES
+from controlplane.deployments.models import Deployment, Replica
+from controlplane.failover.models import RegionHealth
+from controlplane.routing.models import RoutingTable
+from controlplane.telemetry.edge_metrics import traffic_by_model
+from controlplane.telemetry.services import metrics_source, newest_edge_requests
+from regions.models import Quota
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +59,8 @@ ACTOR = "alerts"
 # --- settings -----------------------------------------------------------------------------
 
 def thresholds() -> dict[str, Thresholds]:
-    """Every rule's thresholds: the defaults in rules.py, overridden by RuleSetting rows."""
-    limits = dict(rules.DEFAULTS)
+    """Every rule's thresholds: the defaults in thresholds.py, overridden by RuleSetting rows."""
+    limits = dict(DEFAULTS)
     for row in RuleSetting.objects.all():
         if row.rule in limits:
             limits[row.rule] = row.effective()
@@ -70,10 +80,6 @@ def webhook_timeout_s() -> float:
 
 def latency_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
     """TTFT and ITL p95 per deployment from the metrics source, against each deployment's SLO."""
-    from controlplane.deployments.lifecycle import SERVING_STATES
-    from controlplane.deployments.models import Replica
-    from controlplane.telemetry.services import metrics_source
-
     wanted = [r for r in (Rule.TTFT_SLO, Rule.ITL_SLO) if limits[r].enabled]
     if not wanted:
         return []
@@ -112,12 +118,9 @@ def latency_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findi
 def model_traffic(now: datetime, window_s: int) -> list[rules.ModelTraffic]:
     """Requests and 5xx per model over the window, summed over edges: for each edge, the
     newest sample less the newest sample at or before the window's start."""
-    from controlplane.deployments.models import Deployment
-    from controlplane.telemetry.services import newest_edge_requests
-
     newer = newest_edge_requests()
     older = newest_edge_requests(before=now - timedelta(seconds=window_s))
-    totals = rules.traffic_by_model(
+    totals = traffic_by_model(
         (requests, older.get(edge_id)) for edge_id, requests in newer.items())
     owners: dict[str, set[int | None]] = {}
     for served, owner in Deployment.objects.filter(
@@ -138,8 +141,6 @@ def error_rate_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Fi
 
 
 def region_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
-    from controlplane.failover.models import RegionHealth
-
     rows = RegionHealth.objects.exclude(state="healthy").select_related("region__cloud")
     return rules.region_down(
         rules.RegionState(key=h.region.key, state=h.state, reason=h.reason,
@@ -148,8 +149,6 @@ def region_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findin
 
 
 def quota_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
-    from regions.models import Quota
-
     rows = Quota.objects.filter(limit_gpus__gt=0, in_use_gpus__gt=0).select_related(
         "region__cloud", "gpu_type")
     return rules.quota_exhausted(
@@ -159,9 +158,6 @@ def quota_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding
 
 
 def budget_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
-    from controlplane.core.models import Tenant
-    from controlplane.costs.services import month_to_date_usd
-
     spend = [
         rules.TenantSpend(
             tenant=t.name, tenant_id=t.pk, spent_usd=float(month_to_date_usd(t, now=now)),
@@ -174,8 +170,6 @@ def budget_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findin
 def edge_lags() -> list[rules.EdgeLag]:
     """Enabled edges with tables newer than their acked version, and since when: the time the
     oldest of those tables was compiled (the same edges as routing.services.edges_behind)."""
-    from controlplane.routing.models import RoutingTable
-
     rows = (RoutingTable.objects.filter(edge__enabled=True)
             .filter(Q(edge__last_acked_version__isnull=True)
                     | Q(version__gt=F("edge__last_acked_version")))

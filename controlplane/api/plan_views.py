@@ -17,6 +17,7 @@ from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment
 from controlplane.placement.models import Plan, PlanChange
+from controlplane.placement.proposals import propose_plan
 from controlplane.plans import apply as plans
 from regions.models import Offer
 
@@ -79,8 +80,6 @@ class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
     @action(detail=False, methods=["post"])
     def propose(self, request: Request) -> Response:
         """Run the solver over some or all deployments and store the result as a plan."""
-        from controlplane.placement.proposals import propose_plan
-
         body = ProposeRequest(data=request.data)
         body.is_valid(raise_exception=True)
         plan = propose_plan(body.validated_data.get("deployments"), actor=self._actor(request),

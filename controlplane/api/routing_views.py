@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import OuterRef, Subquery
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.request import Request
@@ -13,6 +14,8 @@ from rest_framework.views import APIView
 from controlplane.api import serializers
 from controlplane.api.base import MeridianViewSet, TenantScopedViewSet
 from controlplane.core.models import Role
+from controlplane.core.services import record_audit
+from controlplane.routing import services as routing
 from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
 
 
@@ -41,14 +44,10 @@ class RoutingPolicyViewSet(
     serializer_class = serializers.RoutingPolicySerializer
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
-        from controlplane.routing import services
-
-        services.current_policy()
+        routing.current_policy()
         return super().get_queryset()
 
     def perform_update(self, serializer) -> None:  # type: ignore[no-untyped-def]
-        from controlplane.core.services import record_audit
-
         instance = serializer.save()
         record_audit(self.principal.username, "update", instance,
                      changes=dict(serializer.validated_data), reason="api")
@@ -66,14 +65,12 @@ class EdgeTableView(APIView):
                               403: OpenApiResponse(description="not platform staff"),
                               404: OpenApiResponse(description="unknown edge or no table yet")})
     def get(self, request: Request, name: str) -> Response:
-        from controlplane.routing import services
-
         edge = get_object_or_404(Edge, name=name)
-        table = services.latest_table(edge)
+        table = routing.latest_table(edge)
         if table is None:
             return Response({"detail": f"No table compiled for edge {name} yet."}, status=404)
         etag = f'"{table.payload_hash}"'
-        Edge.objects.filter(pk=edge.pk).update(last_seen_at=services.timezone.now())
+        Edge.objects.filter(pk=edge.pk).update(last_seen_at=timezone.now())
         if request.headers.get("If-None-Match") == etag:
             return Response(status=304, headers={"ETag": etag})
         return Response(table.payload, headers={"ETag": etag})

@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from controlplane.api.fields import RegionKeyField, refuse_numeric_name
 from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
-from controlplane.core.services import principal_for
+from controlplane.core.services import issue_api_key, principal_for
 from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
 from controlplane.provisioning.models import Operation
@@ -188,8 +188,6 @@ class ApiKeySerializer(_TenantOwned):
         return attrs
 
     def create(self, validated_data: dict[str, Any]) -> ApiKey:
-        from controlplane.core.services import issue_api_key
-
         validated_data.pop("revoked", None)
         row, key = issue_api_key(
             validated_data["tenant"], validated_data["name"],

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from controlplane.celery import app
 from controlplane.core.models import Heartbeat
 
 BEAT_HEARTBEAT = "celery-beat"
@@ -37,8 +38,6 @@ def _database() -> None:
 
 
 def _workers(timeout_s: float) -> list[str]:
-    from controlplane.celery import app
-
     replies = app.control.ping(timeout=timeout_s) or []
     return sorted(name for reply in replies for name in reply)
 

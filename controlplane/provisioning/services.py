@@ -23,8 +23,11 @@ from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.shape import replica_nodes
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
+from controlplane.provisioning.local import LocalProvider
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
+from controlplane.provisioning.skypilot import SkyPilotProvider
+from controlplane.telemetry.sources import scrape_all
 from regions.models import Region
 
 log = logging.getLogger(__name__)
@@ -74,12 +77,8 @@ def set_provider(name: str, provider: Provider | None) -> None:
 
 def _build_provider(name: str) -> Provider:
     if name == "local":
-        from controlplane.provisioning.local import LocalProvider
-
         return LocalProvider(**local_provider_config())
     if name == "skypilot":
-        from controlplane.provisioning.skypilot import SkyPilotProvider
-
         return SkyPilotProvider()
     raise ProviderError("invalid", f"unknown provider {name!r}")
 
@@ -299,8 +298,6 @@ def finish_drain(replica_id: int, reason: str, deadline_s: float) -> str:
     draining any more, past the deadline, or its metrics unreadable: the deadline's own
     terminate task decides).
     """
-    from controlplane.telemetry.sources import scrape_all
-
     replica = Replica.objects.filter(pk=replica_id).first()
     if replica is None or replica.state != S.DRAINING or not replica.url:
         return "left"

@@ -67,3 +67,28 @@ def counter_delta(newer: Mapping[str, float], older: Mapping[str, float] | None
         if grown > 0:
             out[k] = grown
     return out
+
+
+def is_error_status(status: str) -> bool:
+    """Server-side failures: 5xx answers (the edge's own 502/503/504 included)."""
+    return len(status) == 3 and status.startswith("5") and status.isdigit()
+
+
+def traffic_by_model(pairs: Iterable[tuple[Mapping[str, float], Mapping[str, float] | None]],
+                     tenant: str | None = None) -> dict[str, tuple[float, float]]:
+    """(requests, 5xx) per model from pairs of an edge's newer and older request counters
+    (keyed "model|region|tenant|status"), only one tenant's requests when `tenant` is
+    given; pairs with no older sample are skipped."""
+    totals: dict[str, list[float]] = {}
+    for newer, older in pairs:
+        if older is None:
+            continue
+        for joined, grown in counter_delta(newer, older).items():
+            labels = split_key(joined, REQUEST_LABELS)
+            if tenant is not None and labels["tenant"] != tenant:
+                continue
+            row = totals.setdefault(labels["model"], [0.0, 0.0])
+            row[0] += grown
+            if is_error_status(labels["status"]):
+                row[1] += grown
+    return {model: (row[0], row[1]) for model, row in totals.items()}

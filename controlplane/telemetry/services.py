@@ -17,6 +17,7 @@ from django.utils import timezone
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.routing.models import Edge
 from controlplane.telemetry.edge_metrics import counter_delta, parse_edge_metrics
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.models import EdgeSample, ReplicaSample
@@ -64,8 +65,6 @@ class EdgeDelta:
 def collect_edges(now: Any = None) -> list[EdgeDelta]:
     """Scrape every enabled edge's /metrics once, store a sample each, and return what each
     counted since its previous sample (a counter that went down restarted from zero)."""
-    from controlplane.routing.models import Edge
-
     now = now or timezone.now()
     edges = dict(Edge.objects.filter(enabled=True).values_list("pk", "admin_url"))
     results = scrape_all({str(pk): url for pk, url in edges.items()}, parse=parse_edge_metrics)
@@ -171,8 +170,6 @@ def metrics_source() -> DirectScrapeSource | PrometheusSource:
 
 def write_prometheus_targets(directory: Path | None = None) -> Path:
     """File-based service discovery for Prometheus: one JSON file of replica targets."""
-    from controlplane.routing.models import Edge
-
     directory = directory or settings.VAR_DIR / "prometheus" / "targets"
     directory.mkdir(parents=True, exist_ok=True)
     replicas = Replica.objects.filter(state__in=SCRAPED_STATES).exclude(url="").select_related(

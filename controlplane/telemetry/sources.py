@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from controlplane.telemetry.engine_metrics import parse_engine_metrics
+from controlplane.telemetry.queries import QUERIES, render
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,6 @@ class PrometheusSource:
     def query(self, name: str, window_s: int, at: float | None = None) -> dict[str, float]:
         """The named query's value per replica, now or at the Unix time `at`. Series whose
         value is not a finite number (NaN from a window without observations) are left out."""
-        from controlplane.telemetry.queries import render
-
         params = {"timeout": f"{self.timeout_s:g}s"}
         if at is not None:
             params["time"] = f"{at:.3f}"
@@ -121,8 +120,6 @@ class PrometheusSource:
     def replica_stats(self, targets: Mapping[str, str], window_s: int) -> dict[str, ReplicaStats]:
         from prometheus_api_client import PrometheusApiClientException
         from requests import RequestException
-
-        from controlplane.telemetry.queries import QUERIES
 
         try:
             values = {name: self.query(name, window_s) for name in QUERIES}

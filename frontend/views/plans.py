@@ -16,6 +16,7 @@ from django.shortcuts import get_object_or_404, redirect
 
 from controlplane.core.models import Role
 from controlplane.placement.models import Plan, PlanChange, PlanStatus
+from controlplane.placement.proposals import propose_plan
 from controlplane.plans import apply as plans
 from frontend.access import dashboard_view, forbidden, principal_of
 from frontend.forms import ReasonForm
@@ -90,8 +91,6 @@ def _fact(key: str, value: Any) -> Any:
 
 @dashboard_view(role=Role.OPERATOR, methods=("POST",))
 def propose(request: HttpRequest) -> HttpResponse:
-    from controlplane.placement.proposals import propose_plan
-
     principal = principal_of(request)
     if not principal.is_platform:
         return forbidden(request, PLATFORM_ONLY)

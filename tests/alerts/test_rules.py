@@ -8,7 +8,8 @@ import pytest
 
 from controlplane.alerts import rules
 from controlplane.alerts.models import Rule, Severity
-from controlplane.alerts.rules import DEFAULTS, Thresholds
+from controlplane.alerts.thresholds import DEFAULTS, Thresholds, merged
+from controlplane.telemetry.edge_metrics import is_error_status, traffic_by_model
 
 
 def test_severity_uses_the_highest_threshold_reached() -> None:
@@ -21,9 +22,9 @@ def test_severity_uses_the_highest_threshold_reached() -> None:
 
 
 def test_merged_overrides_only_what_is_given() -> None:
-    t = rules.merged(DEFAULTS[Rule.ERROR_RATE], warning=0.1, for_s=0)
+    t = merged(DEFAULTS[Rule.ERROR_RATE], warning=0.1, for_s=0)
     assert (t.warning, t.critical, t.for_s, t.window_s) == (0.1, 0.20, 0, 300)
-    assert rules.merged(DEFAULTS[Rule.BUDGET], enabled=False).enabled is False
+    assert merged(DEFAULTS[Rule.BUDGET], enabled=False).enabled is False
 
 
 def _latency(**p95: float) -> rules.DeploymentLatency:
@@ -59,11 +60,11 @@ def test_traffic_by_model_counts_5xx_and_handles_restarts() -> None:
     older = {"m|r|acme|200": 100, "m|r|acme|503": 10, "n|r||200": 50}
     newer = {"m|r|acme|200": 190, "m|r|acme|503": 20, "m|r|acme|429": 5, "n|r||200": 20,
              "n|r||502": 4}
-    traffic = rules.traffic_by_model([(newer, older), ({"x|r||500": 9}, None)])
+    traffic = traffic_by_model([(newer, older), ({"x|r||500": 9}, None)])
     # m: 90 ok + 10 errors + 5 rate-limited; n restarted: 20 ok + 4 errors since then.
     assert traffic == {"m": (105.0, 10.0), "n": (24.0, 4.0)}
-    assert rules.is_error_status("504") and not rules.is_error_status("429")
-    assert not rules.is_error_status("5xx") and not rules.is_error_status("")
+    assert is_error_status("504") and not is_error_status("429")
+    assert not is_error_status("5xx") and not is_error_status("")
 
 
 def test_error_rate_thresholds_and_minimum_volume() -> None:
