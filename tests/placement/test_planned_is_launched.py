@@ -18,7 +18,7 @@ from controlplane.plans import apply as plans
 from controlplane.provisioning.base import ProviderError
 from controlplane.provisioning.local import LocalProvider
 from controlplane.provisioning.services import launch, spec_for
-from controlplane.provisioning.skypilot import render_replica_task
+from controlplane.provisioning.skypilot_task import render_replica_task
 from regions.models import Offer
 from tests.api.test_endpoints_crud import make_deployment
 

@@ -18,10 +18,9 @@ import pytest
 import yaml
 
 from controlplane.provisioning.base import ProviderError, ProviderHandle, ReplicaSpec
-from controlplane.provisioning.skypilot import (
-    SkyPilotProvider,
+from controlplane.provisioning.skypilot import SkyPilotProvider, error_from_skypilot
+from controlplane.provisioning.skypilot_task import (
     cluster_name_for,
-    error_from_skypilot,
     render_replica_task,
     validate_replica_task,
 )

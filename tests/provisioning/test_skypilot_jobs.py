@@ -17,12 +17,8 @@ from typing import Any
 import pytest
 
 from controlplane.provisioning.base import ProviderError
-from controlplane.provisioning.skypilot import (
-    DEFAULT_CLOUDS,
-    SkyPilotProvider,
-    render_replica_task,
-    validate_replica_task,
-)
+from controlplane.provisioning.skypilot import DEFAULT_CLOUDS, SkyPilotProvider
+from controlplane.provisioning.skypilot_task import render_replica_task, validate_replica_task
 
 from .test_skypilot import FakeSky, spec
 

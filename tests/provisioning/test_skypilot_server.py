@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 
 from controlplane.provisioning.base import ProviderError, ProviderHandle
-from controlplane.provisioning.skypilot import SkyPilotProvider, cluster_name_for
+from controlplane.provisioning.skypilot import SkyPilotProvider
+from controlplane.provisioning.skypilot_task import cluster_name_for
 
 from .skypilot_stall_policy import STALL_ENV
 from .test_skypilot import spec

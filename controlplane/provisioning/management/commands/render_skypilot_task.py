@@ -24,7 +24,7 @@ from controlplane.placement.capacity import (
     weight_bytes,
 )
 from controlplane.provisioning.base import ProviderError, ReplicaSpec
-from controlplane.provisioning.skypilot import render_replica_task, validate_replica_task
+from controlplane.provisioning.skypilot_task import render_replica_task, validate_replica_task
 from regions.models import GpuType, Offer, Region
 
 
