@@ -34,6 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "two regions, one core each)")
     parser.add_argument("--no-fleet", action="store_true",
                         help="control plane only: no local replicas, no edges")
+    parser.add_argument("--replicas-of-each", type=int, default=1, metavar="N",
+                        help="run N of each control-plane process (web, control worker, "
+                             "provision worker, beat); with 2 or more the lab restarts one that "
+                             "dies, as a process manager would, instead of stopping")
     return parser.parse_args(argv)
 
 
@@ -106,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 0
         while not stopping:
             dead = group.dead()
+            if dead and args.replicas_of_each > 1:
+                dead = _restart_control_plane(group, dead)
             if dead:
                 for child in dead:
                     say(f"{child.name} exited with {child.process.returncode}; "
@@ -151,18 +157,28 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
         say(f"  Prometheus: {prometheus_url} (scraping the targets Meridian writes)")
     else:
         say("  Prometheus: not running; telemetry scrapes replicas and edges itself")
-    group.start("web", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
-                        "--workers", "2", "--threads", "4", "--access-logfile", "-"])
-    # Fast loops and slow provider jobs get their own workers, so a launch in progress never
-    # delays the failover watch.
-    group.start("worker", [python, "-m", "celery", "-A", "controlplane", "worker",
-                           "-Q", "control", "--concurrency", "2", "-n", "control@%h",
-                           "--loglevel", "INFO"])
-    group.start("provisioner", [python, "-m", "celery", "-A", "controlplane", "worker",
-                                "-Q", "provision", "--concurrency", "2", "-n", "provision@%h",
-                                "--loglevel", "INFO"])
-    group.start("beat", [python, "-m", "celery", "-A", "controlplane", "beat", "--loglevel",
-                         "INFO", "--schedule", str(args.var_dir / "lab" / "celerybeat-schedule")])
+    # With --replicas-of-each N: N gunicorn masters share the port (SO_REUSEPORT: the kernel
+    # spreads connections over the live ones), N workers per queue and N beats (each
+    # periodic task takes an advisory lock, so a task sent twice acts once).
+    for i in range(1, args.replicas_of_each + 1):
+        n = "" if i == 1 else str(i)
+        # --preload: a restarted master loads Django before it binds, so the kernel never
+        # hands connections to a listener whose workers are still importing.
+        reuse = ["--reuse-port", "--preload"] if args.replicas_of_each > 1 else []
+        group.start(f"web{n}", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
+                                "--workers", "2", "--threads", "4", "--access-logfile", "-",
+                                *reuse])
+        # Fast loops and slow provider jobs get their own workers, so a launch in progress
+        # never delays the failover watch.
+        group.start(f"worker{n}", [python, "-m", "celery", "-A", "controlplane", "worker",
+                                   "-Q", "control", "--concurrency", "2", "-n", f"control{n}@%h",
+                                   "--loglevel", "INFO"])
+        group.start(f"provisioner{n}", [python, "-m", "celery", "-A", "controlplane", "worker",
+                                        "-Q", "provision", "--concurrency", "2",
+                                        "-n", f"provision{n}@%h", "--loglevel", "INFO"])
+        group.start(f"beat{n}", [python, "-m", "celery", "-A", "controlplane", "beat",
+                                 "--loglevel", "INFO", "--schedule",
+                                 str(args.var_dir / "lab" / f"celerybeat{n}-schedule")])
 
     base = f"http://{bind}"
     edges = []
@@ -205,6 +221,23 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
 {_edge_curl(edges, creds.demo_api_key, args.engine)}
   Ctrl-C stops everything.
 """)
+
+
+CONTROL_PLANE = ("web", "worker", "provisioner", "beat")
+
+
+def _restart_control_plane(group: ProcessGroup, dead: list) -> list:  # type: ignore[type-arg]
+    """Start again each dead control-plane process (its peers served meanwhile); returns the
+    dead children that are not the control plane's (an edge, Prometheus)."""
+    others = []
+    for child in dead:
+        if child.name.rstrip("0123456789") not in CONTROL_PLANE:
+            others.append(child)
+            continue
+        say(f"{child.name} exited with {child.process.returncode}; starting it again")
+        group.children.remove(child)
+        group.start(child.name, child.argv)
+    return others
 
 
 def _print_banner(text: str) -> None:
