@@ -38,6 +38,11 @@ class Tenant(models.Model):
     )
     rpm_limit = models.PositiveIntegerField(default=600, validators=[MinValueValidator(1)])
     tpm_limit = models.PositiveIntegerField(default=200_000, validators=[MinValueValidator(1)])
+    resume_streams = models.BooleanField(
+        default=True,
+        help_text="Whether edges may resume the tenant's streams on another replica when the "
+                  "one serving them fails mid-answer (the text so far is sent to it).",
+    )
     monthly_budget_usd = models.DecimalField(
         max_digits=12, decimal_places=2, null=True, blank=True,
         validators=[MinValueValidator(0)],

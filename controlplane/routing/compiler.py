@@ -53,6 +53,7 @@ class TenantKeyView:
     tpm: int
     models: tuple[str, ...]
     tier: str
+    resume_streams: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class PolicyView:
     eject_after_failures: int
     eject_base_s: float
     aliases: Mapping[str, Any] = field(default_factory=dict)
+    resume_streams_max: int = 2
+    resume_deadline_s: float = 30.0
+    stream_stall_s: float = 10.0
 
 
 def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
@@ -110,6 +114,7 @@ def compile_table(
             "tpm": key.tpm,
             "models": sorted(key.models) or ["*"],
             "tier": key.tier,
+            "resume_streams": key.resume_streams,
         }
         for key in keys
     }
@@ -126,5 +131,8 @@ def compile_table(
             "retry_before_first_byte": policy.retry_before_first_byte,
             "eject_after_failures": policy.eject_after_failures,
             "eject_base_s": policy.eject_base_s,
+            "resume_streams_max": policy.resume_streams_max,
+            "resume_deadline_s": policy.resume_deadline_s,
+            "stream_stall_s": policy.stream_stall_s,
         },
     }

@@ -22,6 +22,18 @@ class RoutingPolicy(models.Model):
         default=2, validators=[MinValueValidator(1), MaxValueValidator(100)]
     )
     eject_base_s = models.FloatField(default=1.0, validators=[MinValueValidator(0.05)])
+    resume_streams_max = models.PositiveSmallIntegerField(
+        default=2, validators=[MaxValueValidator(10)],
+        help_text="Resumptions of a stream cut mid-answer, each on another replica; 0: none.",
+    )
+    resume_deadline_s = models.FloatField(
+        default=30.0, validators=[MinValueValidator(0.1)],
+        help_text="A stream is resumed only within this many seconds of its first cut.",
+    )
+    stream_stall_s = models.FloatField(
+        default=10.0, validators=[MinValueValidator(0.1)],
+        help_text="A stream whose replica sends nothing for this long counts as cut.",
+    )
     aliases = models.JSONField(
         default=dict, blank=True,
         help_text='Model aliases, e.g. {"auto": {"rules": [...], "default": "llama-3.1-8b"}}.',

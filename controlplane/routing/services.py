@@ -46,7 +46,8 @@ def policy_view(policy: RoutingPolicy) -> compiler.PolicyView:
     return compiler.PolicyView(
         scorers=policy.scorers, retry_before_first_byte=policy.retry_before_first_byte,
         eject_after_failures=policy.eject_after_failures, eject_base_s=policy.eject_base_s,
-        aliases=policy.aliases,
+        aliases=policy.aliases, resume_streams_max=policy.resume_streams_max,
+        resume_deadline_s=policy.resume_deadline_s, stream_stall_s=policy.stream_stall_s,
     )
 
 
@@ -92,6 +93,7 @@ def key_views() -> list[compiler.TenantKeyView]:
             tpm=key.tenant.tpm_limit,
             models=tuple(key.allowed_models or ["*"]),
             tier=key.tier,
+            resume_streams=key.tenant.resume_streams,
         )
         for key in keys
     ]

@@ -70,9 +70,14 @@ def test_tenants_are_keyed_by_hash_with_their_rules():
     table = compile_for(EDGE_EU, [], [key])
     assert table["tenants"]["ab" * 32] == {
         "tenant": "acme", "jurisdictions": ["EU"], "regions": ["aws:eu-central-1"], "rpm": 60,
-        "tpm": 1000, "models": ["*"], "tier": "batch",
+        "tpm": 1000, "models": ["*"], "tier": "batch", "resume_streams": True,
     }
     assert table["policy"]["scorers"] == {"latency": 1.0, "load": 2.0}
+    assert (table["policy"]["resume_streams_max"], table["policy"]["resume_deadline_s"],
+            table["policy"]["stream_stall_s"]) == (2, 30.0, 10.0)
+    off = TenantKeyView("cd" * 32, "acme", ("EU",), (), 0, 0, (), "interactive",
+                        resume_streams=False)
+    assert compile_for(EDGE_EU, [], [off])["tenants"]["cd" * 32]["resume_streams"] is False
     assert table["aliases"] == {"auto": {"default": "m"}}
     assert (table["version"], table["edge"]) == (7, "edge-eu")
 
