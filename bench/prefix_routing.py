@@ -611,7 +611,7 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.sequential:
-        args.duration = args.duration or (7.0 if args.quick else 30.0)
+        args.duration = args.duration or (6.0 if args.quick else 30.0)
         args.warmup = 2.0 if args.warmup is None and args.quick else (
             10.0 if args.warmup is None else args.warmup)
         args.rounds = args.rounds or (2 if args.quick else 3)
