@@ -38,14 +38,29 @@ class PlanChangeSerializer(serializers.ModelSerializer):
 
 class PlanSerializer(serializers.ModelSerializer):
     changes = PlanChangeSerializer(many=True, read_only=True)
-    saving_usd_h = serializers.FloatField(read_only=True)
+    cost_after_usd_h = serializers.DecimalField(
+        max_digits=14, decimal_places=4, read_only=True, allow_null=True,
+        help_text="Null when there is no plan (status infeasible).")
+    saving_usd_h = serializers.FloatField(
+        read_only=True, allow_null=True,
+        help_text="Before less after (negative: what the plan adds); null without a plan.")
+    nothing_to_do = serializers.SerializerMethodField(
+        help_text="A plan that changes nothing: it cannot be approved or applied.")
+    unplaced = serializers.ListField(
+        child=serializers.DictField(child=serializers.CharField()), read_only=True,
+        help_text="Deployments the plan could not place, each with why; the plan covers "
+                  "the others.")
 
     class Meta:
         model = Plan
         fields = ["id", "status", "trigger", "scope", "explanation", "cost_before_usd_h",
-                  "cost_after_usd_h", "saving_usd_h", "solver", "proposed_by", "created_at",
-                  "reviewed_by", "reviewed_at", "applied_at", "changes", "inputs", "log"]
+                  "cost_after_usd_h", "saving_usd_h", "nothing_to_do", "unplaced", "solver",
+                  "proposed_by", "created_at", "reviewed_by", "reviewed_at", "applied_at",
+                  "changes", "inputs", "log"]
         read_only_fields = fields
+
+    def get_nothing_to_do(self, plan: Plan) -> bool:
+        return plan.has_plan and not plan.changes.all()
 
 
 class ProposeRequest(serializers.Serializer):

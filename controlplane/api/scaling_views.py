@@ -18,11 +18,15 @@ class ScalingDecisionSerializer(serializers.ModelSerializer):
         "waiting, KV usage, TTFT p95 against the SLO, and how long each signal held (s)."))
     placed = serializers.ListField(child=serializers.CharField(), read_only=True,
                                    help_text="Region (cloud:code) of each replica requested.")
+    open = serializers.BooleanField(read_only=True, help_text=(
+        "It placed fewer replicas than wanted; the same attempt on later ticks updates this "
+        "row (repeats, last_at) instead of adding one."))
 
     class Meta:
         model = ScalingDecision
         fields = ["id", "deployment", "at", "direction", "replicas_before", "replicas_after",
-                  "reason", "signals", "placed"]
+                  "replicas_wanted", "open", "repeats", "last_at", "reason", "signals",
+                  "placed"]
         read_only_fields = fields
 
 

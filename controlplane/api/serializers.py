@@ -14,6 +14,7 @@ from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
 from controlplane.core.services import issue_api_key, principal_for
 from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
+from controlplane.placement import admission
 from controlplane.provisioning.models import Operation
 from controlplane.routing.models import Edge, RoutingPolicy
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
@@ -238,6 +239,10 @@ class DeploymentSerializer(_TenantOwned):
     )
     user_regions = RegionKeyField(many=True, required=False)
     replicas_ready = serializers.IntegerField(read_only=True, default=0)
+    placement_status = serializers.ChoiceField(
+        choices=["placeable", "unplaceable"], read_only=True,
+        help_text="unplaceable: the last attempt to place it failed (placement_problem says "
+                  "why); settings no offer can ever hold are refused with 400 instead.")
 
     class Meta:
         model = Deployment
@@ -248,9 +253,11 @@ class DeploymentSerializer(_TenantOwned):
             "demand_tokens_per_s", "tensor_parallel", "pipeline_parallel", "max_model_len",
             "enable_prefix_caching", "disaggregated_prefill", "auto_apply_plans",
             "autoscale", "target_inflight_per_replica", "warm_pool", "scale_up_cooldown_s",
-            "scale_down_cooldown_s", "replicas_ready", "created_at", "updated_at",
+            "scale_down_cooldown_s", "replicas_ready", "placement_status",
+            "placement_problem", "placement_problem_since", "created_at", "updated_at",
         ]
-        read_only_fields = ["created_at", "updated_at"]
+        read_only_fields = ["placement_problem", "placement_problem_since", "created_at",
+                            "updated_at"]
 
     def validate_name(self, value: str) -> str:
         return refuse_numeric_name(value)
@@ -258,10 +265,15 @@ class DeploymentSerializer(_TenantOwned):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
         merged = deployment_services.merged_fields(self.instance, attrs)
-        errors = deployment_services.deployment_errors(merged)
+        errors = admission.deployment_errors(merged)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
+
+    def update(self, instance: Deployment, validated_data: dict[str, Any]) -> Deployment:
+        # The problem was found with the old settings; the next placement finds the new one.
+        validated_data.update(placement_problem="", placement_problem_since=None)
+        return super().update(instance, validated_data)
 
 
 class ReplicaSerializer(serializers.ModelSerializer):

@@ -108,6 +108,10 @@ class Deployment(models.Model):
         default=0, help_text="Idle replicas kept ready beyond demand (interactive tier).")
     scale_up_cooldown_s = models.PositiveIntegerField(default=30)
     scale_down_cooldown_s = models.PositiveIntegerField(default=300)
+    # Written by whatever last tried to place it (the autoscaler, a plan): empty while it
+    # can be placed, else why not, in the solver's words (quota, a region down, …).
+    placement_problem = models.TextField(blank=True, default="")
+    placement_problem_since = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -125,6 +129,11 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def placement_status(self) -> str:
+        """placeable, or unplaceable (see placement_problem)."""
+        return "unplaceable" if self.placement_problem else "placeable"
 
 
 class ReplicaState(models.TextChoices):

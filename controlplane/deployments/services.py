@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from controlplane.deployments.models import Deployment, Model
 from regions.services import CatalogError, LoadReport, upsert
@@ -17,13 +21,29 @@ TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16)
 _FIELDS = (
     "model", "tenant", "allowed_jurisdictions", "user_regions", "min_replicas", "max_replicas",
     "tensor_parallel", "pipeline_parallel", "max_model_len", "spread_regions",
-    "max_spot_fraction", "warm_pool",
+    "max_spot_fraction", "warm_pool", "name", "demand_tokens_per_s", "slo_ttft_p95_ms",
 )
 _DEFAULTS: dict[str, Any] = {
     "min_replicas": 1, "max_replicas": 4, "tensor_parallel": 1, "pipeline_parallel": 1,
     "max_model_len": 8192, "spread_regions": 1, "max_spot_fraction": 0.0,
     "allowed_jurisdictions": [], "user_regions": [], "tenant": None, "warm_pool": 0,
+    "name": "", "demand_tokens_per_s": 0.0, "slo_ttft_p95_ms": 1000,
 }
+
+
+def mark_unplaceable(reasons: Mapping[int, str]) -> None:
+    """Record why deployments cannot be placed; the first time it happened is kept."""
+    now = timezone.now()
+    for pk, reason in reasons.items():
+        Deployment.objects.filter(pk=pk).update(
+            placement_problem=reason, placement_problem_since=Coalesce(
+                F("placement_problem_since"), Value(now, output_field=DateTimeField())))
+
+
+def mark_placeable(ids: Iterable[int]) -> None:
+    """Clear the placement problem of deployments that were just placed."""
+    Deployment.objects.filter(pk__in=list(ids)).exclude(placement_problem="").update(
+        placement_problem="", placement_problem_since=None)
 
 
 def merged_fields(instance: Deployment | None, attrs: dict[str, Any]) -> dict[str, Any]:

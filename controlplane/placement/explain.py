@@ -116,20 +116,25 @@ def unfit(d: DeploymentRequest, o: OfferOption) -> str:
             f"{tp * pp}× {o.gpu.name} ({layout(d)})")
 
 
-def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: CandidateIndex) -> str:
-    """Which filter left `d` without a single option."""
+def no_option(d: DeploymentRequest, problem: PlacementProblem, index: CandidateIndex
+              ) -> tuple[str, str]:
+    """Which filter left `d` without a single option: the deployment field it binds on
+    (its jurisdictions, its users' regions, or its engine's layout) and why, in words."""
     allowed = [o for o in problem.offers if offer_allowed(d, o)]
     if not allowed:
-        return f"{d.name}: no offer in {_where(d)}, the only places its data may go"
+        return ("allowed_jurisdictions",
+                f"{d.name}: no offer in {_where(d)}, the only places its data may go")
     budget = network_budget_ms(d)
     near = [o for o in allowed if index.rtt(d, o) <= budget]
     if not near:
         nearest = min(allowed, key=lambda o: index.rtt(d, o))
-        return (f"{d.name}: no offer in {_where(d)} is within {budget:.0f} ms round trip of "
+        return ("user_regions",
+                f"{d.name}: no offer in {_where(d)} is within {budget:.0f} ms round trip of "
                 f"its users (half its TTFT SLO of {d.ttft_slo_ms:.0f} ms); the nearest, "
                 f"{nearest.region}, is {index.rtt(d, nearest):.0f} ms away")
     biggest = max(near, key=lambda o: o.gpu.memory_gib * o.gpus_per_node)
-    return (f"{d.name}: its engine ({layout(d)}) with {d.model.name} at {d.context:,} tokens "
+    return ("tensor_parallel",
+            f"{d.name}: its engine ({layout(d)}) with {d.model.name} at {d.context:,} tokens "
             f"× {d.batch} sequences runs on no offer in {_where(d)} near its users (the "
             f"largest node is {biggest.gpus_per_node}× {biggest.gpu.name}: "
             f"{unfit(d, biggest)}); change its tensor_parallel/pipeline_parallel or allow "
@@ -139,40 +144,57 @@ def _no_option(d: DeploymentRequest, problem: PlacementProblem, index: Candidate
 def precheck(problem: PlacementProblem, blocks: Mapping[int, Block],
              index: CandidateIndex) -> list[str]:
     """What makes a deployment impossible on its own, seen without solving."""
-    reasons = []
+    return [text for found in precheck_each(problem, blocks, index).values()
+            for _, text in found]
+
+
+def precheck_each(problem: PlacementProblem, blocks: Mapping[int, Block],
+                  index: CandidateIndex) -> dict[int, list[tuple[str, str]]]:
+    """Per deployment id with a problem: (the deployment field the rule binds on, why)."""
+    found: dict[int, list[tuple[str, str]]] = {}
     for d in problem.deployments:
-        if d.min_replicas > d.max_replicas:
-            reasons.append(f"{d.name}: min_replicas {d.min_replicas} exceeds max_replicas "
-                           f"{d.max_replicas}")
-            continue
-        if not 0 <= d.max_spot_fraction <= 1:
-            reasons.append(f"{d.name}: max_spot_fraction {d.max_spot_fraction} is not "
-                           "between 0 and 1")
-            continue
-        if not d.must_run:
-            continue
-        cands = blocks[d.id].cands
-        if not cands:
-            reasons.append(_no_option(d, problem, index))
-            continue
-        for attr, k, noun in (("region", d.spread_regions, "regions"),
-                              ("cloud", d.spread_clouds, "clouds")):
-            have = sorted({getattr(c.offer, attr) for c in cands})
-            if len(have) < k:
-                reasons.append(f"{d.name}: needs {k} {noun} but only {len(have)} in "
-                               f"{_where(d)} have an offer that fits near its users "
-                               f"({', '.join(have)})")
-        spread = max(d.spread_regions, d.spread_clouds)
-        if spread > d.max_replicas:
-            reasons.append(f"{d.name}: spreading over {spread} places needs {spread} "
-                           f"replicas but max_replicas is {d.max_replicas}")
-        fastest = max(cands, key=lambda c: c.rate)
-        if d.required_tokens_per_s > fastest.rate * d.max_replicas:
-            reasons.append(
-                f"{d.name}: {d.required_tokens_per_s:,.0f} tok/s (demand × headroom "
-                f"{d.headroom:g}) is more than max_replicas {d.max_replicas} × "
-                f"{fastest.rate:,.0f} tok/s of its fastest option ({fastest.offer.gpu.name} "
-                f"in {fastest.offer.region})")
+        reasons = _precheck_one(d, problem, blocks, index)
+        if reasons:
+            found[d.id] = reasons
+    return found
+
+
+def _precheck_one(d: DeploymentRequest, problem: PlacementProblem,
+                  blocks: Mapping[int, Block], index: CandidateIndex
+                  ) -> list[tuple[str, str]]:
+    if d.min_replicas > d.max_replicas:
+        return [("min_replicas", f"{d.name}: min_replicas {d.min_replicas} exceeds "
+                                 f"max_replicas {d.max_replicas}")]
+    if not 0 <= d.max_spot_fraction <= 1:
+        return [("max_spot_fraction", f"{d.name}: max_spot_fraction {d.max_spot_fraction} "
+                                      "is not between 0 and 1")]
+    if not d.must_run:
+        return []
+    cands = blocks[d.id].cands
+    if not cands:
+        return [no_option(d, problem, index)]
+    reasons = []
+    for attr, k, noun in (("region", d.spread_regions, "regions"),
+                          ("cloud", d.spread_clouds, "clouds")):
+        have = sorted({getattr(c.offer, attr) for c in cands})
+        if len(have) < k:
+            reasons.append((f"spread_{noun}",
+                            f"{d.name}: needs {k} {noun} but only {len(have)} in "
+                            f"{_where(d)} have an offer that fits near its users "
+                            f"({', '.join(have)})"))
+    spread = max(d.spread_regions, d.spread_clouds)
+    if spread > d.max_replicas:
+        reasons.append(("spread_regions",
+                        f"{d.name}: spreading over {spread} places needs {spread} "
+                        f"replicas but max_replicas is {d.max_replicas}"))
+    fastest = max(cands, key=lambda c: c.rate)
+    if d.required_tokens_per_s > fastest.rate * d.max_replicas:
+        reasons.append((
+            "demand_tokens_per_s",
+            f"{d.name}: {d.required_tokens_per_s:,.0f} tok/s (demand × headroom "
+            f"{d.headroom:g}) is more than max_replicas {d.max_replicas} × "
+            f"{fastest.rate:,.0f} tok/s of its fastest option ({fastest.offer.gpu.name} "
+            f"in {fastest.offer.region})"))
     return reasons
 
 
@@ -282,16 +304,45 @@ def add_reason(d: DeploymentRequest, c: Candidate, count: int, best: Candidate,
 
 
 def remove_reason(d: DeploymentRequest, where: str, count: int, before: int, after: int,
-                  saving_usd_h: float, move_penalty_usd_h: float) -> str:
-    """Why `count` replicas of `d` leave `where`, when no rule forces it."""
+                  saving_usd_h: float, move_penalty_usd_h: float, *,
+                  pool_over_quota: bool = False) -> str:
+    """Why `count` replicas of `d` leave `where`, when no rule forces it.
+
+    `saving_usd_h` is what the deployment's whole plan saves per hour; a plan that costs
+    more never claims a saving: it says what it costs and which rule makes it worth it."""
     if after < before and saving_usd_h > 0 and after == max(d.min_replicas, 0) \
             and d.tokens_per_s <= 0:
         return (f"{count} × in {where}: min_replicas {d.min_replicas} and no demand need "
                 f"{after} replicas, not {before}")
     if after < before:
-        return (f"{count} × in {where}: demand of {d.tokens_per_s:,.0f} tok/s (× "
+        need = (f"{count} × in {where}: demand of {d.tokens_per_s:,.0f} tok/s (× "
                 f"{d.headroom:g} headroom) and min_replicas {d.min_replicas} need {after} "
-                f"replicas, not {before}; saves ${saving_usd_h:.2f}/h")
-    return (f"{count} × in {where}: moving to cheaper allowed options saves "
-            f"${saving_usd_h:.2f}/h, more than the ${move_penalty_usd_h:.2f}/h move penalty "
-            "per moved replica")
+                f"replicas, not {before}")
+        if saving_usd_h > 0:
+            return f"{need}; saves ${saving_usd_h:.2f}/h"
+        return f"{need}; {_dearer(d, saving_usd_h, pool_over_quota)}"
+    if saving_usd_h > move_penalty_usd_h * count:
+        return (f"{count} × in {where}: moving to cheaper allowed options saves "
+                f"${saving_usd_h:.2f}/h, more than the ${move_penalty_usd_h:.2f}/h move "
+                "penalty per moved replica")
+    return f"{count} × in {where}: moving {_dearer(d, saving_usd_h, pool_over_quota)}"
+
+
+def _dearer(d: DeploymentRequest, saving_usd_h: float, pool_over_quota: bool) -> str:
+    """What a change that saves little or nothing costs, and the rules it is made for."""
+    rules = []
+    if pool_over_quota:
+        rules.append("to stay within quota")
+    if d.spread_regions > 1 or d.spread_clouds > 1:
+        rules.append("to meet the spread rule")
+    if d.tokens_per_s > 0:
+        rules.append(f"to meet its demand of {d.tokens_per_s:,.0f} tok/s")
+    if not rules:
+        rules.append("to meet its replica bounds, spread, spot share and quota together")
+    if saving_usd_h < -0.005:
+        cost = f"costs ${-saving_usd_h:.2f}/h more"
+    elif saving_usd_h > 0.005:
+        cost = f"saves only ${saving_usd_h:.2f}/h"
+    else:
+        cost = "costs the same"
+    return f"{cost}, {' and '.join(rules)}"

@@ -28,7 +28,9 @@ class Plan(models.Model):
     inputs = models.JSONField(default=dict, blank=True)
     explanation = models.TextField(blank=True)
     cost_before_usd_h = models.DecimalField(max_digits=14, decimal_places=4, default=0)
-    cost_after_usd_h = models.DecimalField(max_digits=14, decimal_places=4, default=0)
+    # None when there is no plan (infeasible): there is no "after" to state.
+    cost_after_usd_h = models.DecimalField(max_digits=14, decimal_places=4, null=True,
+                                           blank=True, default=0)
     solver = models.JSONField(default=dict, blank=True, help_text="status, solve_s, gap, bound")
     proposed_by = models.CharField(max_length=150)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -41,13 +43,26 @@ class Plan(models.Model):
         ordering = ["-created_at", "-id"]
 
     @property
-    def saving_usd_h(self) -> float:
+    def has_plan(self) -> bool:
+        return self.status != PlanStatus.INFEASIBLE and self.cost_after_usd_h is not None
+
+    @property
+    def saving_usd_h(self) -> float | None:
+        """$/h the plan saves (negative: what it adds); None when there is no plan."""
+        if not self.has_plan:
+            return None
+        assert self.cost_after_usd_h is not None
         return float(self.cost_before_usd_h - self.cost_after_usd_h)
 
     @property
     def extra_usd_h(self) -> float:
-        """What the plan adds to the fleet's $/h (0 when it saves)."""
-        return max(-self.saving_usd_h, 0.0)
+        """What the plan adds to the fleet's $/h (0 when it saves, or has no plan)."""
+        return max(-(self.saving_usd_h or 0.0), 0.0)
+
+    @property
+    def unplaced(self) -> list[dict[str, str]]:
+        """Deployments the plan could not place, with why ({"deployment", "reason"})."""
+        return list((self.inputs or {}).get("unplaced", []))
 
     def __str__(self) -> str:
         return f"plan {self.pk} ({self.status})"

@@ -14,7 +14,8 @@ from django.db import transaction
 
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES
-from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import Deployment, Model, Replica
+from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.placement.capacity import GpuSpec, ModelSpec
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
 from controlplane.placement.problem import (
@@ -24,12 +25,15 @@ from controlplane.placement.problem import (
     PlacementProblem,
 )
 from controlplane.placement.result import PlacementResult
-from controlplane.placement.search import solve
+from controlplane.placement.search import solve, solve_placeable
 from regions.models import Offer, Quota
 
 
 def model_spec(deployment: Deployment) -> ModelSpec:
-    m = deployment.model
+    return spec_of(deployment.model)
+
+
+def spec_of(m: Model) -> ModelSpec:
     return ModelSpec(m.name, m.parameters_b, m.layers, m.attention_heads, m.kv_heads,
                      m.head_dim, m.dtype, m.active_parameters_b)
 
@@ -104,13 +108,21 @@ def store_plan(result: PlacementResult, deployments: list[Deployment], actor: st
     by_id = {d.pk: d for d in deployments}
     offers = {o.pk: o for o in Offer.objects.filter(
         pk__in=[c.offer_id for c in result.changes]).select_related("region")}
+    unplaced = [{"deployment": by_id[i].name, "reason": why}
+                for i, why in result.unplaced if i in by_id]
+    inputs: dict[str, object] = {"deployments": len(deployments),
+                                 "offers_considered": result.variables}
+    if unplaced:
+        inputs["unplaced"] = unplaced
+    explanation = list(result.explanation) if not result.has_plan else [
+        f"not placed: {u['reason']}" for u in unplaced] + list(result.explanation)
     plan = Plan.objects.create(
-        status=PlanStatus.PROPOSED if result.status != "infeasible" else PlanStatus.INFEASIBLE,
-        trigger=trigger, scope=[d.name for d in deployments],
-        inputs={"deployments": len(deployments), "offers_considered": result.variables},
-        explanation="\n".join(result.explanation),
+        status=PlanStatus.PROPOSED if result.has_plan else PlanStatus.INFEASIBLE,
+        trigger=trigger, scope=[d.name for d in deployments], inputs=inputs,
+        explanation="\n".join(explanation),
         cost_before_usd_h=Decimal(f"{result.cost_before_usd_h:.4f}"),
-        cost_after_usd_h=Decimal(f"{result.cost_after_usd_h:.4f}"),
+        cost_after_usd_h=(Decimal(f"{result.cost_after_usd_h:.4f}") if result.has_plan
+                          else None),
         solver={"status": result.status, "solve_s": round(result.solve_s, 4),
                 "gap_to_lp_bound": result.gap_to_lp_bound, "lp_bound_usd_h": result.lp_bound_usd_h},
         proposed_by=actor,
@@ -122,8 +134,12 @@ def store_plan(result: PlacementResult, deployments: list[Deployment], actor: st
                    spot=c.spot, usd_h_delta=Decimal(f"{c.usd_h_delta:.4f}"), reason=c.reason)
         for c in result.changes
     ])
-    record_audit(actor, "plan.propose", plan, reason=plan.explanation or
-                 f"${result.cost_before_usd_h:.2f}/h → ${result.cost_after_usd_h:.2f}/h")
+    if result.has_plan:
+        mark_placeable(set(by_id) - {i for i, _ in result.unplaced})
+    mark_unplaceable({i: why for i, why in result.unplaced if i in by_id})
+    record_audit(actor, "plan.propose", plan, reason=plan.explanation or (
+        "no changes: nothing to do" if not result.changes else
+        f"${result.cost_before_usd_h:.2f}/h → ${result.cost_after_usd_h:.2f}/h"))
     return plan
 
 
@@ -131,7 +147,7 @@ def propose_plan(deployments: Iterable[Deployment] | None, *, actor: str, trigge
     chosen = list(deployments) if deployments else list(Deployment.objects.all())
     chosen = list(Deployment.objects.filter(pk__in=[d.pk for d in chosen]).select_related(
         "model").prefetch_related("allowed_jurisdictions", "user_regions"))
-    result = solve(build_problem(chosen))
+    result = solve_placeable(build_problem(chosen))
     return store_plan(result, chosen, actor, trigger)
 
 

@@ -62,6 +62,9 @@ class PlacementResult:
     explanation: tuple[str, ...] = ()
     variables: int = 0
     coupled_deployments: int = 0  # solved jointly because they contend for quota
+    # Deployments left out because no plan can place them: (deployment id, why). The plan
+    # covers the others (`search.solve_placeable`).
+    unplaced: tuple[tuple[int, str], ...] = ()
 
     @property
     def has_plan(self) -> bool:
@@ -154,6 +157,13 @@ def _changes(problem: PlacementProblem, fleet: Fleet, plans: Mapping[int, Deploy
     used = usage(fleet, plans)
     offers = {o.id: o for o in problem.offers}
     penalty = problem.move_penalty_usd_h
+    running_gpus: dict[tuple[str, str], int] = {}
+    for block in fleet.blocks.values():
+        gpus_of = {(c.offer.id, c.spot): c for c in block.cands}
+        for key, n in block.running.items():
+            if key in gpus_of:
+                pool = gpus_of[key].pool
+                running_gpus[pool] = running_gpus.get(pool, 0) + gpus_of[key].gpus * n
     changes: list[Change] = []
     for d in problem.deployments:
         b = fleet.blocks[d.id]
@@ -186,8 +196,10 @@ def _changes(problem: PlacementProblem, fleet: Fleet, plans: Mapping[int, Deploy
                 o = offers[key[0]]
                 changes.append(Change(
                     d.id, key[0], key[1], "remove", had - n, -price[key] * (had - n),
-                    explain.remove_reason(d, o.region, had - n, before, total_after,
-                                          cost_before - cost_after, penalty),
+                    explain.remove_reason(
+                        d, o.region, had - n, before, total_after, cost_before - cost_after,
+                        penalty, pool_over_quota=running_gpus.get(o.pool, 0)
+                        > problem.quota.get(o.pool, running_gpus.get(o.pool, 0))),
                     o.region, o.gpu.name))
         for e, why in forced:
             forced_offer = offers.get(e.offer_id)

@@ -17,6 +17,7 @@ solve starts from it, so HiGHS begins with an incumbent. Infeasibility is explai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -134,6 +135,61 @@ def solve(problem: PlacementProblem) -> PlacementResult:
     assert best is not None  # the loop ends on a plan that fits
     return build_result(problem, fleet, best, "optimal" if close else "feasible", fleet_bound(),
                         variables, len(coupled), started)
+
+
+def solve_placeable(problem: PlacementProblem) -> PlacementResult:
+    """`solve`, except that a deployment no plan can place does not block the others.
+
+    Deployments impossible on their own (the static checks; then, only when the fleet has
+    no plan, each one solved alone within quota) are left out with their reasons in
+    `unplaced`, their running replicas left alone and the GPUs they hold kept from the
+    others; the rest is solved as usual. What remains infeasible (deployments that each fit
+    alone but not together) is explained as `solve` explains it."""
+    fleet = Fleet.prepare(problem)
+    unplaced = {i: "; ".join(text for _, text in found) for i, found in
+                explain.precheck_each(problem, fleet.blocks, fleet.index).items()}
+    result = _solve_without(problem, fleet, unplaced)
+    if not result.has_plan and len(problem.deployments) - len(unplaced) > 1:
+        for d in problem.deployments:
+            if d.id in unplaced:
+                continue
+            alone = solve(_without(problem, fleet, {
+                other.id for other in problem.deployments if other.id != d.id}))
+            if not alone.has_plan:
+                unplaced[d.id] = "; ".join(alone.explanation)
+        result = _solve_without(problem, fleet, unplaced)
+    return dataclasses.replace(result, unplaced=tuple(sorted(unplaced.items())))
+
+
+def _solve_without(problem: PlacementProblem, fleet: Fleet, unplaced: Mapping[int, str]
+                   ) -> PlacementResult:
+    if not unplaced:
+        return solve(problem)
+    if len(unplaced) == len(problem.deployments):
+        return no_plan(problem, fleet, list(unplaced.values()), time.perf_counter())
+    result = solve(_without(problem, fleet, set(unplaced)))
+    if result.has_plan:
+        return result
+    return dataclasses.replace(result, explanation=(*unplaced.values(), *result.explanation))
+
+
+def _without(problem: PlacementProblem, fleet: Fleet, ids: set[int]) -> PlacementProblem:
+    """`problem` less the deployments `ids`: their running replicas stay where they are and
+    keep the quota they hold."""
+    offers = {o.id: o for o in problem.offers}
+    requests = {d.id: d for d in problem.deployments}
+    quota = dict(problem.quota)
+    for e in problem.existing:
+        o = offers.get(e.offer_id)
+        if e.deployment_id not in ids or o is None or o.pool not in quota:
+            continue
+        shape = fleet.index.shape(requests[e.deployment_id], o)
+        nodes = shape.nodes if shape is not None else 1
+        quota[o.pool] = max(quota[o.pool] - e.count * nodes * o.gpus_per_node, 0)
+    return dataclasses.replace(
+        problem, deployments=tuple(d for d in problem.deployments if d.id not in ids),
+        existing=tuple(e for e in problem.existing if e.deployment_id not in ids),
+        quota_gpus=quota)
 
 
 def _worst_first(parts: list[tuple[frozenset[int], frozenset[Pool]]],

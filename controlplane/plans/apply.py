@@ -41,11 +41,25 @@ def _move(plan_id: int, allowed: tuple[str, ...], to: str, **fields: object) -> 
     return plan
 
 
+def _refuse_empty(plan_id: int) -> None:
+    if not PlanChange.objects.filter(plan_id=plan_id).exists():
+        raise PlanStateError(f"plan {plan_id} changes nothing: there is nothing to approve "
+                             "or apply")
+
+
+def _cost_words(plan: Plan) -> str:
+    saving = plan.saving_usd_h
+    if saving is None:
+        return "no plan"
+    return f"saves ${saving:.2f}/h" if saving >= 0 else f"costs ${-saving:.2f}/h more"
+
+
 @transaction.atomic
 def approve(plan_id: int, actor: str) -> Plan:
+    _refuse_empty(plan_id)
     plan = _move(plan_id, (PlanStatus.PROPOSED,), PlanStatus.APPROVED,
                  reviewed_by=actor, reviewed_at=timezone.now())
-    record_audit(actor, "plan.approve", plan, reason=f"saves ${plan.saving_usd_h:.2f}/h")
+    record_audit(actor, "plan.approve", plan, reason=_cost_words(plan))
     return plan
 
 
@@ -60,6 +74,7 @@ def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
 @transaction.atomic
 def start_apply(plan_id: int, actor: str) -> Plan:
     """approved → applying: request every added replica now; removals wait for them."""
+    _refuse_empty(plan_id)
     plan = _move(plan_id, (PlanStatus.APPROVED,), PlanStatus.APPLYING)
     record_audit(actor, "plan.apply", plan, reason="make-before-break: adds first")
     adds = plan.changes.filter(action=ChangeAction.ADD).select_related(

@@ -26,6 +26,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Count, Max
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
@@ -33,6 +34,7 @@ from controlplane.costs.services import usd_h_for
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.placement.models import PlanChange
 from controlplane.placement.proposals import place_additions, quota_left
 from controlplane.provisioning.tasks import request_replicas
@@ -131,8 +133,10 @@ def _histories(ids: list[int]) -> dict[int, History]:
     """When each deployment last scaled up and down. An applied placement plan that changed
     it counts as a scale-up: its replicas are not undone before the scale-down cooldown."""
     last: dict[int, dict[str, float]] = defaultdict(dict)
+    # An open decision repeated on later ticks was last attempted at last_at.
     rows = (ScalingDecision.objects.filter(deployment_id__in=ids)
-            .values("deployment_id", "direction").order_by().annotate(at=Max("at")))
+            .values("deployment_id", "direction").order_by()
+            .annotate(at=Max(Coalesce("last_at", "at"))))
     for row in rows:
         last[row["deployment_id"]][row["direction"]] = row["at"].timestamp()
     plans = (PlanChange.objects.filter(deployment_id__in=ids, plan__applied_at__isnull=False)
@@ -285,16 +289,46 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
                 retire_replica(replica, actor=ACTOR, reason=f"autoscaler: {reason}")
             signals["retired"] = [r.public_id for r in retired]
             after = decision.before - len(retired)
+        unplaced = decision.direction == UP and after < decision.after
+        if unplaced:
+            mark_unplaceable({deployment.pk: reason})
+        elif decision.direction == UP:
+            mark_placeable([deployment.pk])
+        if unplaced and not placed:
+            again = _repeat_open(deployment, decision, reason, signals)
+            if again is not None:
+                return again
+        ScalingDecision.objects.filter(deployment=deployment, open=True).update(open=False)
         row = ScalingDecision.objects.create(
             deployment=deployment, at=timezone.now(), direction=decision.direction,
             replicas_before=decision.before, replicas_after=after, reason=reason[:300],
-            signals=signals, placed=placed,
+            signals=signals, placed=placed, replicas_wanted=decision.after, open=unplaced,
         )
         record_audit(ACTOR, f"deployment.scale_{decision.direction}", deployment,
                      reason=reason, changes={"replicas": [decision.before, after],
                                              "placed": placed, "decision": row.pk,
                                              "retired": signals.get("retired", [])})
     return row
+
+
+def _repeat_open(deployment: Deployment, decision: Decision, reason: str,
+                 signals: dict[str, Any]) -> ScalingDecision | None:
+    """The open decision this attempt repeats (same direction, count and wish, and it too
+    placed nothing), updated in place: one row and one audit event however many ticks it
+    takes until the deployment can be placed again. None when there is none to repeat."""
+    prior = (ScalingDecision.objects.select_for_update()
+             .filter(deployment=deployment, open=True, direction=decision.direction,
+                     replicas_before=decision.before, replicas_wanted=decision.after,
+                     replicas_after=decision.before)
+             .order_by("-at", "-id").first())
+    if prior is None:
+        return None
+    prior.repeats += 1
+    prior.last_at = timezone.now()
+    prior.reason = reason[:300]
+    prior.signals = signals
+    prior.save(update_fields=["repeats", "last_at", "reason", "signals"])
+    return prior
 
 
 # -- placement ---------------------------------------------------------------------------------

@@ -19,6 +19,12 @@ class ScalingDecision(models.Model):
     reason = models.CharField(max_length=300)
     signals = models.JSONField(default=dict)
     placed = models.JSONField(default=list, blank=True, help_text="region keys of new replicas")
+    # A decision that could not place what it wanted stays open: the same attempt on later
+    # ticks updates it (repeats, last_at) rather than writing a row and an event each time.
+    replicas_wanted = models.PositiveIntegerField(null=True, blank=True)
+    open = models.BooleanField(default=False)
+    repeats = models.PositiveIntegerField(default=1)
+    last_at = models.DateTimeField(null=True, blank=True)
 
     tenancy = Tenancy("deployment__tenant", shared=True)
     objects = TenantQuerySet.as_manager()

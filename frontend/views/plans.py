@@ -60,12 +60,14 @@ def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "deployment", "region__cloud", "offer__gpu_type",
     ).order_by("deployment__name", "action", "id")
     plan = get_object_or_404(Plan.objects.prefetch_related(Prefetch("changes", changes)), pk=pk)
+    rows = list(plan.changes.all())
     return render_page(request, "frontend/plans/detail.html", {
         "plan": plan,
-        "changes": list(plan.changes.all()),
+        "changes": rows,
         "may_review": _may_review(request),
-        "can_approve": plan.status == PlanStatus.PROPOSED,
-        "can_apply": plan.status == PlanStatus.APPROVED,
+        # A plan that changes nothing has nothing to approve or apply (plans.apply refuses).
+        "can_approve": plan.status == PlanStatus.PROPOSED and bool(rows),
+        "can_apply": plan.status == PlanStatus.APPROVED and bool(rows),
         "can_reject": plan.status in (PlanStatus.PROPOSED, PlanStatus.APPROVED),
         "solver": _solver_facts(plan.solver),
     }, section="plans")
