@@ -69,14 +69,15 @@ BUILTIN: dict[str, Profile] = {
     "llama-70b-8xh100": Profile("llama-70b-8xh100", 0.080, 500e-6, 0.025,
                                 kv_cache_tokens=1_400_000),
     # SmolLM2-135M-Instruct on vLLM 0.32's CPU build, one core each (VLLM_CPU_OMP_THREADS_BIND),
-    # as measured on the shared 2-core development machine while other work ran (the
-    # conditions bench/prefix_routing.py --engine vllm meets there): ~40 ms before the first
-    # step, ~0.7 ms per uncached prompt token (a 2,572-token prompt: 1.7-2.0 s), a 40 ms
-    # decode step alone growing ~2.5% per extra sequence (8: 48 ms, 16: 56 ms). On an idle
-    # core decode is ~15 ms a step. vLLM's CPU defaults: 128 sequences, 2,048 batched tokens,
-    # 128-token blocks; VLLM_CPU_KVCACHE_SPACE=1 GiB at 23 KiB of KV per token (30 layers ×
-    # 3 KV heads × 64 × 2 × bf16) holds 364 blocks.
-    "smollm2-135m-cpu": Profile("smollm2-135m-cpu", 0.040, 700e-6, 0.040,
+    # as the benchmarks meet it on the shared 2-core development machine while other work
+    # runs (bench/prefix_routing.py --engine vllm records it as engine_timing: 0.9-2.3 ms per
+    # uncached prompt token, ~100 ms a lone decode step): ~80 ms before the first step,
+    # 1.4 ms per uncached prompt token, an 80 ms decode step alone growing ~2.5% per extra
+    # sequence. At a load average near 5 the same engine measured 0.7 ms and 40 ms; on an
+    # idle core a decode step is ~15 ms. vLLM's CPU defaults: 128 sequences, 2,048 batched
+    # tokens, 128-token blocks; VLLM_CPU_KVCACHE_SPACE=1 GiB at 23,040 bytes of KV per token
+    # (30 layers × 3 KV heads × 64 × K and V × bf16) holds 364 blocks.
+    "smollm2-135m-cpu": Profile("smollm2-135m-cpu", 0.080, 1.4e-3, 0.080,
                                 itl_growth_per_seq=0.025, max_num_seqs=128,
                                 max_num_batched_tokens=2048, kv_cache_tokens=364 * 128,
                                 max_model_len=8192, block_tokens=128),
