@@ -289,7 +289,7 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
     stop.set()
     await runner
     failures = [o for o in load.outcomes if not o.ok]
-    ttft = {"before": [], "during": [], "after": []}
+    ttft: dict[str, list[float]] = {"before": [], "during": [], "after": []}
     for o in load.outcomes:
         if o.ok and o.first_byte is not None:
             phase = ("before" if o.started < started else

@@ -66,7 +66,7 @@ DEFAULT_WORKLOAD = {"replicas": 4, "users": 24, "turns": 6, "system_prompts": 8,
                     "system_tokens": 3000, "user_tokens": 100, "max_tokens": 32,
                     "kv_cache_tokens": KV_CACHE_TOKENS, "max_model_len": 16_384}
 API_KEY = "sk-bench-prefix-routing"
-POLICIES = {
+POLICIES: dict[str, dict[str, Any]] = {
     "round_robin": {"scorers": {"load": 1.0}, "picker": "round_robin"},
     "least_load": {"scorers": {"load": 1.0}},
     "meridian": {"scorers": {"latency": 1.0, "load": 2.0, "prefix": 3.0, "cost": 0.5}},
