@@ -15,7 +15,9 @@ import pytest
 from .conftest import API_KEY, replica, tenant
 from .fake_engine import Behaviour
 from .helpers import wait_until
-from .test_proxy import edge_with, engines, run  # noqa: F401 - edge_with is a fixture
+from .test_proxy import edge_with, engines, run
+
+__all__ = ["edge_with"]  # test_proxy's fixture, used here too
 
 FULL = "".join(f" t{i}" for i in range(20))
 STALL = {"stream_stall_s": 0.3}
