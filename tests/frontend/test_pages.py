@@ -143,12 +143,18 @@ def test_overview_figures_come_from_the_fleet(signed_in, fleet):  # type: ignore
 def test_a_replica_costs_its_offer_price_times_the_nodes_it_spans(signed_in, fleet):  # type: ignore[no-untyped-def]
     client = signed_in(Role.VIEWER)
     single = {d.name: d.usd_h for d in client.get("/deployments/").context["page"]}
-    # TP 2 × PP 3 on one-GPU machines: six nodes per replica.
-    fleet.acme.tensor_parallel, fleet.acme.pipeline_parallel = 2, 3
+    # PP 6 on one-GPU machines: six nodes per replica.
+    fleet.acme.tensor_parallel, fleet.acme.pipeline_parallel = 1, 6
     fleet.acme.save()
     spread = {d.name: d.usd_h for d in client.get("/deployments/").context["page"]}
     assert spread["chat-acme"] == 6 * single["chat-acme"]
     assert spread["chat-shared"] == single["chat-shared"]
+    # A tensor-parallel group never spans machines: TP 2 on one-GPU machines cannot run,
+    # and what cannot run is billed nothing (deployments.shape.replica_nodes).
+    fleet.acme.tensor_parallel, fleet.acme.pipeline_parallel = 2, 3
+    fleet.acme.save()
+    impossible = {d.name: d.usd_h for d in client.get("/deployments/").context["page"]}
+    assert not impossible["chat-acme"]
 
 
 def test_tenant_users_see_their_own_rows_and_shared_ones_only(signed_in, fleet, tenants):  # type: ignore[no-untyped-def]
