@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from controlplane.api.fields import RegionKeyField, refuse_numeric_name
@@ -210,7 +210,10 @@ class ApiKeySerializer(_TenantOwned):
         return super().update(instance, validated_data)
 
 
-class ModelSerializer(serializers.ModelSerializer):
+# An LLM's architecture (deployments.Model), named apart from DRF's ModelSerializer; the
+# schema keeps calling it Model.
+@extend_schema_serializer(component_name="Model")
+class LlmModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = Model
         fields = [

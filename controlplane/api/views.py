@@ -69,9 +69,10 @@ class QuotaViewSet(CatalogViewSet):
     ordering_fields = ["limit_gpus", "in_use_gpus", "observed_at"]
 
 
-class ModelViewSet(CatalogViewSet):
+# LLM architectures (deployments.Model), named apart from DRF's ModelViewSet.
+class LlmModelViewSet(CatalogViewSet):
     queryset = Model.objects.all()
-    serializer_class = serializers.ModelSerializer
+    serializer_class = serializers.LlmModelSerializer
     filterset_fields = ["family", "dtype"]
     ordering_fields = ["name", "parameters_b"]
 
