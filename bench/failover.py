@@ -190,6 +190,8 @@ class Outcome:
     ended: float = 0.0
     ok: bool = False
     detail: str = ""
+    body: dict[str, Any] = field(default_factory=dict)
+    text: str = ""  # what a stream delivered, its content deltas joined
 
     @property
     def failed_before_first_byte(self) -> bool:
@@ -213,7 +215,8 @@ class Load:
         stream = i % 2 == 0
         body = {"model": self.model, "max_tokens": 24, "stream": stream,
                 "messages": [{"role": "user", "content": f"request {i}: say something"}]}
-        outcome = Outcome(time.time(), stream)
+        body["temperature"] = 0
+        outcome = Outcome(time.time(), stream, body=body)
         try:
             async with session.post(f"{self.url}/v1/chat/completions", json=body,
                                     headers={"Authorization": f"Bearer {self.key}"},
@@ -222,11 +225,14 @@ class Load:
                     outcome.detail = f"HTTP {response.status}: {(await response.text())[:120]}"
                 elif stream:
                     done = False
+                    raw = bytearray()
                     async for chunk in response.content.iter_any():
                         if outcome.first_byte is None:
                             outcome.first_byte = time.time()
+                        raw.extend(chunk)
                         done = done or b"[DONE]" in chunk
                     outcome.ok = done
+                    outcome.text = stream_text(bytes(raw))
                     outcome.detail = "" if done else "stream ended without [DONE]"
                 else:
                     payload = await response.read()
@@ -253,6 +259,47 @@ class Load:
             await asyncio.gather(*tasks)
 
 
+def stream_text(raw: bytes) -> str:
+    """The content a chat stream delivered (its deltas joined), from the SSE bytes."""
+    text = []
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue
+        event = json.loads(line[len(b"data: "):])
+        for choice in event.get("choices") or []:
+            text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
+
+
+async def answers_match(load: Load, streams: list[Outcome]) -> bool | None:
+    """Each stream's text equals the engine's answer to the same request asked again, whole and
+    undisturbed (temperature 0: the engine's deterministic output); None with nothing to check."""
+    if not streams:
+        return None
+    async with aiohttp.ClientSession() as session:
+        for outcome in streams:
+            async with session.post(f"{load.url}/v1/chat/completions",
+                                    json={**outcome.body, "stream": False},
+                                    headers={"Authorization": f"Bearer {load.key}"},
+                                    timeout=aiohttp.ClientTimeout(total=60)) as response:
+                answer = await response.json()
+            if answer["choices"][0]["message"]["content"] != outcome.text:
+                return False
+    return True
+
+
+def resumptions(admin_urls: list[str]) -> float:
+    """Streams the edges resumed so far, from their meridian_edge_stream_resumptions_total."""
+    total = 0.0
+    for admin in admin_urls:
+        with urllib.request.urlopen(f"{admin}/metrics", timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if (line.startswith("meridian_edge_stream_resumptions_total{")
+                        and 'outcome="resumed"' in line):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def p95(values: list[float]) -> float | None:
     if not values:
         return None
@@ -265,6 +312,8 @@ def p95(values: list[float]) -> float | None:
 async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s: float,
                 timeout_s: float, model: str = MODELS["enginesim"]) -> dict[str, Any]:
     client_url, _ = lab.edges[region]
+    admins = [admin for _, admin in lab.edges.values()]
+    resumed_before = await asyncio.to_thread(resumptions, admins)
     load = Load(client_url, lab.demo_key, concurrency, model)
     stop = asyncio.Event()
     runner = asyncio.create_task(load.run(stop))
@@ -296,10 +345,18 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
                      "during" if ready_at is None or o.started < ready_at else "after")
             ttft[phase].append(o.first_byte - o.started)
     last_error = max((o.ended for o in failures), default=None)
+    resumed = await asyncio.to_thread(resumptions, admins) - resumed_before
+    # The streams in flight when the region died: those a resumption had to carry.
+    in_flight = [o for o in load.outcomes
+                 if o.stream and o.ok and o.started < started < o.ended]
+    text_ok = await answers_match(load, in_flight)
     result = {
         "region": region, "requests": len(load.outcomes),
         "failed_before_first_byte": sum(o.failed_before_first_byte for o in failures),
         "streams_cut": sum(o.cut for o in failures),
+        "streams_resumed": int(resumed),
+        "streams_in_flight_at_kill": len(in_flight),
+        "resumed_text_ok": text_ok,
         "s_to_last_error": None if last_error is None else round(max(last_error - started, 0.0), 3),
         "s_to_tables_pushed": round(tables_at - started, 3),
         "s_to_replacement_ready": None if ready_at is None else round(ready_at - started, 3),
@@ -307,7 +364,8 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
         "errors": sorted({o.detail for o in failures})[:5],
     }
     log(f"  {result['requests']} requests: {result['failed_before_first_byte']} failed before "
-        f"the first byte, {result['streams_cut']} streams cut; last error at "
+        f"the first byte, {result['streams_cut']} streams cut, {result['streams_resumed']} "
+        f"resumed (text as the engine's: {result['resumed_text_ok']}); last error at "
         f"{result['s_to_last_error']} s")
     return result
 
