@@ -60,6 +60,12 @@ def _region_hover(region: RegionStatus) -> str:
             f"<br>{region.health}: {states}{cost}")
 
 
+# Drawing order of the region traces (plotly draws later traces on top).
+DRAW_ORDER = (IDLE, STARTING, HEALTHY, DEGRADED, DOWN)
+# A region in trouble is drawn at least this big: bigger than an edge's diamond (13).
+TROUBLE_MIN_SIZE = 18.0
+
+
 def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> Figure:
     """Regions coloured by health and sized by their replicas (terminated ones aside);
     edges with lines to the regions their newest table routes to."""
@@ -78,23 +84,6 @@ def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> F
             "lon": lon, "lat": lat, "hoverinfo": "skip",
             "line": {"width": 1.2, "color": EDGE_COLOUR}, "opacity": 0.45,
         })
-    for health in HEALTH_ORDER:
-        members = [r for r in regions if r.health == health]
-        if not members:
-            continue
-        data.append({
-            "type": "scattergeo", "mode": "markers",
-            "name": f"{health} ({len(members)})",
-            "lon": [r.longitude for r in members], "lat": [r.latitude for r in members],
-            "text": [_region_hover(r) for r in members], "hoverinfo": "text",
-            "customdata": [r.key for r in members],
-            "marker": {
-                "size": [marker_size(r.replicas) for r in members],
-                "color": HEALTH_COLOURS[health],
-                "opacity": 0.55 if health == IDLE else 0.9,
-                "line": {"width": 1, "color": "#ffffff"},
-            },
-        })
     if edges:
         data.append({
             "type": "scattergeo", "mode": "markers", "name": f"edges ({len(edges)})",
@@ -108,6 +97,26 @@ def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> F
             "hoverinfo": "text",
             "marker": {"symbol": "diamond", "size": 13, "color": EDGE_COLOUR,
                        "line": {"width": 1.5, "color": "#ffffff"}},
+        })
+    # Regions are drawn after the edges, the worst last, so a diamond never hides a region
+    # and a down region sits on top of everything near it.
+    for health in DRAW_ORDER:
+        members = [r for r in regions if r.health == health]
+        if not members:
+            continue
+        least = TROUBLE_MIN_SIZE if health in (DOWN, DEGRADED) else 0.0
+        data.append({
+            "type": "scattergeo", "mode": "markers",
+            "name": f"{health} ({len(members)})",
+            "lon": [r.longitude for r in members], "lat": [r.latitude for r in members],
+            "text": [_region_hover(r) for r in members], "hoverinfo": "text",
+            "customdata": [r.key for r in members],
+            "marker": {
+                "size": [max(marker_size(r.replicas), least) for r in members],
+                "color": HEALTH_COLOURS[health],
+                "opacity": 0.55 if health == IDLE else 0.9,
+                "line": {"width": 2 if health == DOWN else 1, "color": "#ffffff"},
+            },
         })
     return {
         "data": data,

@@ -21,6 +21,7 @@ from controlplane.costs.services import replica_usd_h_sql as replica_usd_h  # no
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.failover.models import Health, RegionHealth
 from controlplane.routing.models import Edge, RoutingTable
 from regions.models import Region
 
@@ -35,15 +36,24 @@ HEALTH_MEANING = {
     DEGRADED: "some replicas are degraded or failed",
     DOWN: "every replica has failed",
     STARTING: "replicas are on their way up; none serves yet",
-    IDLE: "no replicas here",
+    IDLE: "nothing serves here: no replicas, or only draining ones",
 }
+# States a page refreshes quickly for: something is on its way up, out, or down.
+IN_FLIGHT_STATES = (S.PENDING, S.PROVISIONING, S.STARTING, S.DRAINING, S.FAILED)
+REFRESH_IN_FLIGHT_S = 2  # how often live parts of a page refresh while something is in flight
+REFRESH_QUIET_S = 15
+
+
+def refresh_s(in_flight: bool) -> int:
+    return REFRESH_IN_FLIGHT_S if in_flight else REFRESH_QUIET_S
 
 
 def region_health(counts: Mapping[str, int]) -> str:
     """A region's health from its replicas' states (terminated ones do not count).
 
-    none → idle; all failed → down; any failed or degraded → degraded; some ready or
-    draining → healthy; only pending/provisioning/starting → starting.
+    none → idle; all failed → down; any failed or degraded → degraded; some ready →
+    healthy; only pending/provisioning/starting → starting; only draining (nothing serves,
+    nothing is coming) → idle.
     """
     counts = {state: n for state, n in counts.items() if n > 0 and state != S.TERMINATED}
     total = sum(counts.values())
@@ -53,9 +63,11 @@ def region_health(counts: Mapping[str, int]) -> str:
         return DOWN
     if counts.get(S.FAILED, 0) or counts.get(S.DEGRADED, 0):
         return DEGRADED
-    if counts.get(S.READY, 0) or counts.get(S.DRAINING, 0):
+    if counts.get(S.READY, 0):
         return HEALTHY
-    return STARTING
+    if counts.get(S.PENDING, 0) or counts.get(S.PROVISIONING, 0) or counts.get(S.STARTING, 0):
+        return STARTING
+    return IDLE
 
 
 def visible_replicas(principal: Principal) -> Any:
@@ -130,6 +142,12 @@ class Overview:
         return sum(1 for r in self.regions if r.counts.get(S.READY) or r.counts.get(S.DEGRADED))
 
     @property
+    def in_flight(self) -> bool:
+        """Something is on its way up, out or down: the page refreshes quickly."""
+        return (any(self.states.get(s) for s in IN_FLIGHT_STATES)
+                or any(r.health in (DOWN, DEGRADED) for r in self.regions))
+
+    @property
     def edges_in_sync(self) -> int:
         return sum(1 for e in self.edges if e.enabled and e.in_sync)
 
@@ -162,9 +180,7 @@ def overview(principal: Principal) -> Overview:
     by_region: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         by_region.setdefault(row["region_id"], []).append(row)
-    from controlplane.failover.models import Health, RegionHealth
-
-    observed = dict(RegionHealth.objects.exclude(state=Health.HEALTHY)
+    observed = dict(RegionHealth.objects.filter(state__in=(Health.DOWN, Health.DEGRADED))
                     .values_list("region_id", "state"))
     regions = []
     enabled = 0

@@ -42,6 +42,7 @@ urlpatterns = [
     path("costs/", costs.costs, name="costs"),
     path("failover/", failover.failover, name="failover"),
     path("failover/drill/", failover.drill, name="failover-drill"),
+    path("failover/live/", failover.failover_live, name="failover-live"),
     path("events/", events.events, name="events"),
     path("alerts/", alerts.alerts, name="alerts"),
     path("alerts/<int:pk>/acknowledge/", alerts.acknowledge, name="alert-acknowledge"),

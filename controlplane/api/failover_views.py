@@ -13,23 +13,29 @@ from controlplane.api.fields import RegionKeyField
 from controlplane.core.models import Role
 from controlplane.failover import services
 from controlplane.failover.models import Incident, RegionHealth
+from controlplane.failover.timeline import missing as missing_stages
 
 
 class IncidentSerializer(serializers.ModelSerializer):
     region = RegionKeyField(read_only=True)
     timeline = serializers.SerializerMethodField()
+    stage_notes = serializers.SerializerMethodField()
     open = serializers.BooleanField(read_only=True)
 
     class Meta:
         model = Incident
         fields = ["id", "kind", "region", "summary", "started_by", "started_at", "detected_at",
                   "tables_pushed_at", "replacement_ready_at", "traffic_back_at", "resolved_at",
-                  "open", "timeline", "failed_replicas", "replacements", "notes"]
+                  "open", "timeline", "stage_notes", "failed_replicas", "replacements", "notes"]
         read_only_fields = fields
 
     def get_timeline(self, incident: Incident) -> dict[str, float | None]:
         """Seconds from the start to each stage; null where not reached yet."""
         return services.timeline(incident)
+
+    def get_stage_notes(self, incident: Incident) -> dict[str, str]:
+        """Why each stage not reached is missing, in words (keys as in `timeline`, less _s)."""
+        return missing_stages(incident)
 
 
 class DrillRequest(serializers.Serializer):

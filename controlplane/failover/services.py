@@ -45,6 +45,7 @@ from controlplane.failover.health import (
 )
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
 from controlplane.failover.probes import probe_all
+from controlplane.failover.timeline import QUIET_RESOLVE, timeline
 from controlplane.placement import proposals
 from controlplane.provisioning.local import LocalProvider
 from controlplane.provisioning.services import get_provider, handle_of, terminate_failed
@@ -61,8 +62,6 @@ DOWN_HOLD = timedelta(seconds=DOWN_HOLD_S)
 # A region where a deployment lost this many replicas within the window gets no more of its
 # replacements until the window passes (a backoff for regions that keep failing).
 FLAPPING_FAILURES = 3
-# An incident closes this long after its replacements are ready when no traffic returns.
-QUIET_RESOLVE = timedelta(seconds=60)
 TIMEOUT_KEY = "meridian:failover:timeouts:{}"
 NOTE_KEY = "meridian:failover:noted:{}"
 STARTING_STATES = (S.PENDING, S.PROVISIONING, S.STARTING)
@@ -492,20 +491,6 @@ def _served_requests(sample_model: Any, replica_ids: list[int]) -> bool:
         if counters.get("requests_ok", 0) > 0 or counters.get("generation_tokens", 0) > 0:
             return True
     return False
-
-
-STAGES = ("detected_at", "tables_pushed_at", "replacement_ready_at", "traffic_back_at",
-          "resolved_at")
-
-
-def timeline(incident: Incident) -> dict[str, float | None]:
-    """Seconds from the start to each stage (None: not reached)."""
-    out: dict[str, float | None] = {}
-    for stage in STAGES:
-        at = getattr(incident, stage)
-        out[stage.removesuffix("_at") + "_s"] = (
-            None if at is None else round((at - incident.started_at).total_seconds(), 3))
-    return out
 
 
 # -- drills -----------------------------------------------------------------------------------

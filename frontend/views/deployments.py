@@ -69,6 +69,12 @@ def _deployment(request: HttpRequest, name: str) -> Deployment:
     return get_object_or_404(rows, name=name)
 
 
+def _refresh_s(deployment: Deployment) -> int:
+    """Seconds between refreshes of the replica table: quick while a replica is on its way
+    up, out or down."""
+    return fleet.refresh_s(deployment.replicas.filter(state__in=fleet.IN_FLIGHT_STATES).exists())
+
+
 def _replicas(deployment: Deployment, show_all: bool) -> Any:
     rows = (deployment.replicas.select_related("region__cloud", "offer__gpu_type")
             .annotate(rank=STATE_RANK, usd_h=fleet.replica_usd_h())
@@ -147,6 +153,7 @@ def _detail_context(request: HttpRequest, deployment: Deployment,
         "page": paginate(request, _replicas(deployment, show_all)),
         "query": query_without_page(request),
         "show_all": show_all,
+        "refresh_s": _refresh_s(deployment),
         "events": _events(principal, deployment),
         "scaling_decisions": list(deployment.scaling_decisions.order_by("-at", "-id")
                                   [:SCALING_DECISION_LIMIT]),
@@ -188,6 +195,7 @@ def replica_table(request: HttpRequest, name: str) -> HttpResponse:
         "page": paginate(request, _replicas(deployment, show_all)),
         "query": query_without_page(request),
         "show_all": show_all,
+        "refresh_s": _refresh_s(deployment),
         "may_change": principal.has_role(Role.OPERATOR)
         and change_refusal(principal, deployment.tenant_id) is None,
         "serving_states": SERVING_STATES,

@@ -8,13 +8,15 @@ from django.shortcuts import redirect
 
 from controlplane.core.models import Role
 from controlplane.failover import services
-from controlplane.failover.models import Incident, RegionHealth
-from frontend import charts
+from controlplane.failover.health import DOWN_HOLD_S
+from controlplane.failover.models import Health, Incident, RegionHealth
+from controlplane.failover.timeline import MEANINGS, missing
+from frontend import charts, fleet
 from frontend.access import dashboard_view, forbidden, principal_of
 from frontend.views.common import paginate, render_page
 
 CHARTED = 12
-HEALTH_ORDER = {"down": 0, "degraded": 1, "healthy": 2}
+HEALTH_ORDER = {"down": 0, "degraded": 1, "idle": 2, "healthy": 3}
 
 
 def drill_regions() -> list[tuple[str, int]]:
@@ -31,22 +33,44 @@ def _may_drill(request: HttpRequest) -> bool:
     return principal.has_role(Role.OPERATOR) and principal.is_platform
 
 
-@dashboard_view()
-def failover(request: HttpRequest) -> HttpResponse:
+def _live_context(request: HttpRequest) -> dict[str, object]:
+    """Region health and incidents: the part of the page that refreshes itself."""
     health = sorted(RegionHealth.objects.select_related("region__cloud", "region__jurisdiction"),
-                    key=lambda h: (HEALTH_ORDER.get(h.state, 3), h.region.key))
+                    key=lambda h: (HEALTH_ORDER.get(h.state, 4), h.region.key))
     incidents = Incident.objects.select_related("region__cloud").order_by("-started_at")
     page = paginate(request, incidents, per_page=20)
     charted = [{"label": f"#{i.pk} {i.get_kind_display()} · {i.region.key if i.region else '—'}",
                 "timeline": services.timeline(i)} for i in incidents[:CHARTED]]
-    return render_page(request, "frontend/failover.html", {
+    in_flight = (incidents.filter(resolved_at__isnull=True).exists()
+                 or any(h.state in (Health.DOWN, Health.DEGRADED) for h in health))
+    return {
         "health": health,
         "page": page,
-        "rows": [(i, services.timeline(i)) for i in page],
+        "rows": [(i, services.timeline(i), missing(i)) for i in page],
         "figure": charts.incident_timeline_figure(charted) if charted else None,
+        "in_flight": in_flight,
+        "refresh_s": fleet.refresh_s(in_flight),
+    }
+
+
+@dashboard_view()
+def failover(request: HttpRequest) -> HttpResponse:
+    return render_page(request, "frontend/failover.html", {
+        **_live_context(request),
         "may_drill": _may_drill(request),
         "drill_regions": drill_regions(),
+        "meanings": [(stage.replace("_", " ").capitalize(), meaning)
+                     for stage, meaning in MEANINGS.items()],
+        "down_hold_s": DOWN_HOLD_S,
     })
+
+
+@dashboard_view()
+def failover_live(request: HttpRequest) -> HttpResponse:
+    """Region health and incidents alone, re-fetched by htmx: every 2 s while an incident
+    is open or a region is down or degraded, else every 15 s."""
+    return render_page(request, "frontend/partials/failover_live.html", _live_context(request),
+                       section="failover")
 
 
 @dashboard_view(role=Role.OPERATOR, methods=("POST",))

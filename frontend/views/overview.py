@@ -21,6 +21,7 @@ def _figures(request: HttpRequest) -> dict[str, object]:
     )
     return {
         "fleet": data,
+        "refresh_s": fleet.refresh_s(data.in_flight),
         "now": traffic.fleet_now(principal),
         "health_seen": {h: n for h, n in data.health_counts().items() if n and h != fleet.IDLE},
         "attention": attention[:ATTENTION_LIMIT],
@@ -30,23 +31,31 @@ def _figures(request: HttpRequest) -> dict[str, object]:
     }
 
 
-@dashboard_view()
-def overview(request: HttpRequest) -> HttpResponse:
-    context = _figures(request)
+def _with_map(context: dict[str, object]) -> dict[str, object]:
     data = context["fleet"]
     context["world_map"] = charts.world_map(data.regions, data.edges)  # type: ignore[attr-defined]
     context["legend"] = charts.health_legend()
-    return render_page(request, "frontend/overview.html", context)
+    return context
+
+
+@dashboard_view()
+def overview(request: HttpRequest) -> HttpResponse:
+    return render_page(request, "frontend/overview.html", _with_map(_figures(request)))
 
 
 LIVE_PARTS = {
     "figures": "frontend/partials/overview_figures.html",
     "attention": "frontend/partials/overview_attention.html",
+    "map": "frontend/partials/overview_map.html",
 }
 
 
 @dashboard_view()
 def overview_live(request: HttpRequest) -> HttpResponse:
-    """One live part of the overview (`?part=figures|attention`), re-fetched by htmx."""
-    template = LIVE_PARTS.get(request.GET.get("part", ""), LIVE_PARTS["figures"])
-    return render_page(request, template, _figures(request), section="overview")
+    """One live part of the overview (`?part=figures|attention|map`), re-fetched by htmx
+    every few seconds while something is in flight, else every 15 s."""
+    part = request.GET.get("part", "")
+    template = LIVE_PARTS.get(part, LIVE_PARTS["figures"])
+    context = _figures(request)
+    return render_page(request, template, _with_map(context) if part == "map" else context,
+                       section="overview")

@@ -74,3 +74,24 @@ def test_tenant_operators_may_not_drill(signed_in, fleet, local_region, tenants)
     assert b"Start a drill" not in client.get("/failover/").content
     response = client.post("/failover/drill/", {"region": "local:eu-frankfurt", "confirm": "yes"})
     assert response.status_code == 403 and Incident.objects.count() == 0
+
+
+def test_the_live_part_refreshes_quickly_while_an_incident_is_open_and_says_why_stages_are_missing(  # type: ignore[no-untyped-def]
+        signed_in, fleet, catalog):
+    now = timezone.now()
+    incident = Incident.objects.create(
+        kind=IncidentKind.DRILL, region=catalog["fra"], summary="Drill: kill 2 replicas",
+        started_by="ops", started_at=now, detected_at=now, tables_pushed_at=now,
+        replacements=["r-7"], replacement_ready_at=now + timedelta(seconds=3))
+    client = signed_in(Role.VIEWER)
+    page = client.get("/failover/").content.decode()
+    assert 'hx-get="/failover/live/"' in page and 'hx-trigger="every 2s"' in page
+    assert "Traffic back</dt>" in page  # the stages are defined on the page
+    live = client.get("/failover/live/").content.decode()
+    assert live.startswith("\n<div id=\"failover-live\"") or 'id="failover-live"' in live
+    assert "no request yet; resolves without one in" in live
+    # Resolved without traffic: the dash says why, and the page settles to a slow refresh.
+    Incident.objects.filter(pk=incident.pk).update(resolved_at=now + timedelta(seconds=63))
+    live = client.get("/failover/live/").content.decode()
+    assert "no traffic during the incident" in live and "+63.00 s" in live
+    assert 'hx-trigger="every 15s"' in live

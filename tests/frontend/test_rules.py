@@ -31,6 +31,8 @@ T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
         ({"failed": 3, "terminated": 2}, "down", "all that count have failed"),
         ({"pending": 1, "provisioning": 1}, "starting", "on the way up, none serving"),
         ({"starting": 1, "failed": 1}, "degraded", "a failure beside a start"),
+        ({"draining": 1}, "idle", "its only replica drains: nothing serves"),
+        ({"draining": 1, "starting": 1}, "starting", "draining out, another on its way up"),
     ],
 )
 def test_region_health_follows_replica_states(states, health, why):  # type: ignore[no-untyped-def]
@@ -138,14 +140,18 @@ def test_world_map_is_a_valid_plotly_figure_with_health_traces_and_routes():
     figure = charts.world_map(regions, edges)
     go.Figure(figure)  # raises on anything plotly would not accept
     names = [trace["name"] for trace in figure["data"]]
-    assert names == ["routes (edge → region)", "healthy (1)", "down (1)", "idle (1)",
-                     "edges (1)"]
+    # Edges first, then regions, the worst last: plotly draws later traces on top, so no
+    # diamond hides a region and a down region is above everything near it.
+    assert names == ["routes (edge → region)", "edges (1)", "idle (1)", "healthy (1)",
+                     "down (1)"]
     routes = figure["data"][0]
     assert routes["lon"] == [8.7, 8.7, None, 8.7, 20, None]  # unknown regions are not drawn
-    healthy, down = figure["data"][1], figure["data"][2]
+    healthy, down = figure["data"][3], figure["data"][4]
     assert healthy["marker"]["color"] == charts.HEALTH_COLOURS["healthy"]
     assert healthy["marker"]["size"] == [charts.marker_size(2)]
-    assert down["marker"]["size"] == [charts.marker_size(1)] and charts.marker_size(1) > 6
+    # A down region is drawn bigger than an edge's diamond, however few replicas it holds.
+    edge_size = figure["data"][1]["marker"]["size"]
+    assert down["marker"]["size"][0] >= charts.marker_size(1) and down["marker"]["size"][0] > edge_size
     assert figure["layout"]["geo"]["resolution"] == 110
 
 
