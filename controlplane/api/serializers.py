@@ -121,7 +121,7 @@ class TenantSerializer(serializers.ModelSerializer):
         model = Tenant
         fields = [
             "id", "name", "display_name", "allowed_jurisdictions", "allowed_regions",
-            "rpm_limit", "tpm_limit", "monthly_budget_usd", "created_at",
+            "rpm_limit", "tpm_limit", "monthly_budget_usd", "resume_streams", "created_at",
         ]
         read_only_fields = ["created_at"]
 
@@ -347,7 +347,8 @@ class RoutingPolicySerializer(serializers.ModelSerializer):
         model = RoutingPolicy
         fields = [
             "id", "name", "scorers", "retry_before_first_byte", "eject_after_failures",
-            "eject_base_s", "aliases", "updated_at",
+            "eject_base_s", "resume_streams_max", "resume_deadline_s", "stream_stall_s",
+            "aliases", "updated_at",
         ]
         read_only_fields = ["updated_at"]
 
