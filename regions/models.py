@@ -123,6 +123,16 @@ class Offer(models.Model):
             ),
         ]
 
+    @property
+    def is_list_price(self) -> bool:
+        """A price from the catalog file (source `catalog:<as_of>`): information dated by the
+        file, not an observation that was supposed to refresh, so never stale."""
+        return self.source.startswith("catalog:")
+
+    @property
+    def list_price_date(self) -> str:
+        return self.source.removeprefix("catalog:") if self.is_list_price else ""
+
     def __str__(self) -> str:
         return f"{self.region} {self.gpu_type}:{self.gpus_per_node}"
 

@@ -44,6 +44,7 @@ def _offers(filters: dict[str, str]):  # type: ignore[no-untyped-def]
         quota_left=Subquery(quota.annotate(
             left=Greatest(F("limit_gpus") - F("in_use_gpus"), Value(0))).values("left")[:1]),
         quota_observed_at=Subquery(quota.values("observed_at")[:1]),
+        quota_source=Subquery(quota.values("source")[:1]),
         per_gpu_usd_h=ExpressionWrapper(
             F("on_demand_usd_h") / F("gpus_per_node"),
             output_field=DecimalField(max_digits=10, decimal_places=4)),

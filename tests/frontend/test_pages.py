@@ -451,3 +451,20 @@ def test_deployment_detail_shows_traffic_charts_from_samples(signed_in, fleet): 
     assert context["series"].running[-1] == 3 * 4  # three sampled replicas, 4 running each
     quiet = signed_in(Role.VIEWER).get(f"/deployments/{fleet.globex.name}/")
     assert "figures" not in quiet.context and b"No metrics in the last" in quiet.content
+
+
+def test_catalog_list_prices_show_their_date_and_are_never_stale(signed_in, catalog):  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from regions.models import Offer, Quota
+
+    old = datetime(2025, 10, 1, tzinfo=UTC)
+    Offer.objects.update(source="catalog:2025-10-01", observed_at=old)
+    Quota.objects.update(source="catalog:2025-10-01", observed_at=old)  # default quota too
+    html = signed_in(Role.VIEWER).get("/inventory/").content.decode()
+    assert "list price, 2025-10-01" in html
+    assert 'class="badge stale"' not in html.split("</p>", 1)[1]  # the lede explains the badge
+    # Observations that should have refreshed and did not are still marked.
+    Offer.objects.update(source="skypilot")
+    html = signed_in(Role.VIEWER).get("/inventory/").content.decode()
+    assert 'class="badge stale"' in html.split("</p>", 1)[1]
