@@ -21,6 +21,9 @@ def admin_token(catalog, tenants):  # type: ignore[no-untyped-def]
     return token
 
 
+# Every operation of the schema is one subtest of this test: about three minutes on two
+# idle cores, so it gets more than the suite's default five minutes of pytest-timeout.
+@pytest.mark.timeout(900)
 @pytest.mark.django_db(transaction=True)
 @schema.parametrize()
 @settings(
