@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from controlplane.core.money import format_usd
+from controlplane.costs.services import IDLE_TENANT
 from frontend.fleet import (
     DEGRADED,
     DOWN,
@@ -266,7 +268,7 @@ IDLE_COLOUR = "#a0aec0"
 
 
 def _mtok(value: float | None) -> str:
-    return "no tokens" if value is None else f"${value:,.3f}/Mtok"
+    return "no tokens" if value is None else f"{format_usd(value, per_mtok=True)}/Mtok"
 
 
 def spend_over_time_figure(rows: Iterable[Mapping[str, Any]], since: datetime, until: datetime,
@@ -294,15 +296,16 @@ def spend_over_time_figure(rows: Iterable[Mapping[str, Any]], since: datetime, u
 def spend_bars_figure(groups: Sequence[Mapping[str, Any]], what: str,
                       idle_name: str = "idle (no tokens)") -> Figure:
     """Horizontal bars of spend per model, region or tenant, the largest on top; hover shows
-    tokens and $ per million tokens. A group keyed "" is idle cost, drawn grey."""
+    tokens and $ per million tokens. A group keyed "(idle)" (or "") is idle cost, drawn
+    grey."""
     ordered = sorted(groups, key=lambda g: float(g["usd"]))  # plotly draws bottom-up
-    names = [g["key"] or idle_name for g in ordered]
+    idle = [g["key"] in ("", IDLE_TENANT) for g in ordered]
+    names = [idle_name if is_idle else g["key"] for g, is_idle in zip(ordered, idle, strict=True)]
     return {
         "data": [{
             "type": "bar", "orientation": "h", "name": what,
             "y": names, "x": [float(g["usd"]) for g in ordered],
-            "marker": {"color": [IDLE_COLOUR if not g["key"] else COST_PALETTE[0]
-                                 for g in ordered]},
+            "marker": {"color": [IDLE_COLOUR if is_idle else COST_PALETTE[0] for is_idle in idle]},
             "customdata": [[f"{g['tokens']:,}", _mtok(g["usd_per_mtok"])] for g in ordered],
             "hovertemplate": ("%{y}: $%{x:,.2f}<br>%{customdata[0]} tokens · "
                               "%{customdata[1]}<extra></extra>"),

@@ -4,6 +4,7 @@ tenants' budgets. Tenant users see their own tenant's rows and budget only."""
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import ROUND_HALF_UP
 from typing import Any
 
 import django_filters
@@ -16,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.core import money
 from controlplane.core.models import Tenant
 from controlplane.core.services import principal_for
 from controlplane.costs import services
@@ -25,15 +27,16 @@ from controlplane.costs.models import CostRollup
 class CostQuerySerializer(serializers.Serializer):
     group_by = serializers.ChoiceField(
         choices=services.GROUPS, default="model",
-        help_text="What to group spend by; tenant \"\" is idle cost (platform staff only).")
+        help_text="What to group spend by; tenant \"(idle)\" is cost no tenant's tokens used "
+                  "(platform staff only).")
     since = serializers.DateTimeField(
         required=False, help_text="From this hour on (default: the start of this UTC month).")
     until = serializers.DateTimeField(
         required=False, help_text="Hours starting before this (default: now).")
     model = serializers.CharField(required=False, help_text="Only this served model name.")
     region = serializers.CharField(required=False, help_text="Only this region (cloud:code).")
-    tenant = serializers.CharField(required=False, allow_blank=True,
-                                   help_text="Only this tenant (empty: idle cost).")
+    tenant = serializers.CharField(required=False,
+                                   help_text="Only this tenant (\"(idle)\": idle cost).")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         now = timezone.now()
@@ -46,17 +49,19 @@ class CostQuerySerializer(serializers.Serializer):
 
 class CostGroupSerializer(serializers.Serializer):
     key = serializers.CharField(help_text="The model, region, tenant or time of this group.")
-    usd = serializers.DecimalField(max_digits=16, decimal_places=6)
+    usd = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP,
+                                   help_text="To the cent.")
     prompt_tokens = serializers.IntegerField()
     completion_tokens = serializers.IntegerField()
     tokens = serializers.IntegerField()
-    usd_per_mtok = serializers.FloatField(allow_null=True,
-                                          help_text="$ per million tokens; null without tokens.")
+    usd_per_mtok = serializers.FloatField(
+        allow_null=True,
+        help_text="$ per million tokens, four significant figures; null without tokens.")
 
 
 class CostTotalSerializer(CostGroupSerializer):
     key = None  # type: ignore[assignment]
-    idle_usd = serializers.DecimalField(max_digits=16, decimal_places=6,
+    idle_usd = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP,
                                         help_text="Cost no tenant's tokens used.")
 
 
@@ -80,6 +85,8 @@ class CostSummaryView(APIView):
         q = query.validated_data
         rows = CostRollup.objects.visible_to(principal_for(request.user))
         rows = rows.filter(hour__gte=services.hour_of(q["since"]), hour__lt=q["until"])
+        if q.get("tenant") == services.IDLE_TENANT:
+            q["tenant"] = ""
         for field in ("model", "region", "tenant"):
             if field in q:
                 rows = rows.filter(**{field: q[field]})
@@ -95,12 +102,18 @@ class CostSummaryView(APIView):
 
 class CostRollupSerializer(serializers.ModelSerializer):
     tokens = serializers.IntegerField(read_only=True)
+    tenant = serializers.SerializerMethodField(help_text="\"(idle)\": cost no tokens used.")
+    usd = serializers.DecimalField(max_digits=16, decimal_places=2, rounding=ROUND_HALF_UP,
+                                   read_only=True, help_text="To the cent.")
     usd_per_mtok = serializers.SerializerMethodField()
 
     class Meta:
         model = CostRollup
         fields = ["hour", "model", "region", "tenant", "prompt_tokens", "completion_tokens",
                   "tokens", "usd", "usd_per_mtok", "computed_at"]
+
+    def get_tenant(self, row: CostRollup) -> str:
+        return row.tenant or services.IDLE_TENANT
 
     def get_usd_per_mtok(self, row: CostRollup) -> float | None:
         return services.usd_per_mtok(row.usd, row.tokens)
@@ -129,13 +142,19 @@ class CostRollupViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return CostRollup.objects.visible_to(principal_for(self.request.user))
 
 
+class CentsField(serializers.FloatField):
+    """An amount in dollars, to the cent."""
+
+    def to_representation(self, value: Any) -> float:  # type: ignore[override]
+        return float(money.cents(value))
+
+
 class BudgetSerializer(serializers.Serializer):
     tenant = serializers.CharField()
-    spent_usd = serializers.FloatField(help_text="Spent this UTC month so far.")
-    budget_usd = serializers.FloatField(allow_null=True, help_text="Monthly budget; null: none.")
+    spent_usd = CentsField(help_text="Spent this UTC month so far.")
+    budget_usd = CentsField(allow_null=True, help_text="Monthly budget; null: none.")
     fraction = serializers.FloatField(allow_null=True, help_text="spent ÷ budget.")
-    projected_usd = serializers.FloatField(
-        help_text="Month-end spend if the last 24 hours' rate goes on.")
+    projected_usd = CentsField(help_text="Month-end spend if the last 24 hours' rate goes on.")
     projected_fraction = serializers.FloatField(allow_null=True)
     over_budget = serializers.BooleanField()
     projected_over = serializers.BooleanField()

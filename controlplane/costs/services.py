@@ -43,6 +43,7 @@ from django.db.models.functions import Mod
 from django.db.models.lookups import GreaterThan
 from django.utils import timezone
 
+from controlplane.core import money
 from controlplane.core.locks import lock_id
 from controlplane.core.models import Tenant
 from controlplane.costs.models import CostRollup, RollupHour, TokenUsage
@@ -380,11 +381,15 @@ def rollup_due(now: datetime | None = None) -> list[datetime]:
 GROUPS = ("model", "region", "tenant", "hour", "day")
 
 
+# What the API and the dashboard call the tenant "" of the rollups: cost no tokens used.
+IDLE_TENANT = "(idle)"
+
+
 def usd_per_mtok(usd: Decimal | float | None, tokens: int | None) -> float | None:
-    """$ per million tokens; None without tokens. Pure."""
+    """$ per million tokens to four significant figures; None without tokens. Pure."""
     if not tokens:
         return None
-    return float(usd or 0) * 1_000_000 / tokens
+    return money.rate(Decimal(str(usd or 0)) * 1_000_000 / tokens)
 
 
 def summarize(rows: QuerySet[CostRollup], group_by: str) -> list[dict[str, Any]]:
@@ -398,11 +403,12 @@ def summarize(rows: QuerySet[CostRollup], group_by: str) -> list[dict[str, Any]]
     grouped = (rows.order_by().values(group_by)
                .annotate(sum_usd=Sum("usd"), sum_prompt=Sum("prompt_tokens"),
                          sum_completion=Sum("completion_tokens")))
-    out = []
+    out: list[dict[str, Any]] = []
     for row in grouped:
         prompt, completion = row["sum_prompt"] or 0, row["sum_completion"] or 0
         out.append({
-            "key": row[group_by], "usd": row["sum_usd"] or Decimal(0),
+            "key": IDLE_TENANT if group_by == "tenant" and not row[group_by] else row[group_by],
+            "usd": row["sum_usd"] or Decimal(0),
             "prompt_tokens": prompt, "completion_tokens": completion,
             "tokens": prompt + completion,
             "usd_per_mtok": usd_per_mtok(row["sum_usd"], prompt + completion),

@@ -11,6 +11,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join, json_script
 from django.utils.safestring import SafeString
 
+from controlplane.core.money import format_usd
+
 register = template.Library()
 
 
@@ -24,13 +26,15 @@ def figure(fig: dict[str, Any], element_id: str, label: str = "") -> SafeString:
 
 
 @register.filter
-def usd(value: Decimal | float | None, places: int = 2) -> str:
-    """$1,234.56, −$12.29 (or a dash when there is no figure)."""
-    if value is None or value == "":
-        return "—"
-    amount = Decimal(value)
-    sign = "−" if amount < 0 else ""
-    return f"{sign}${abs(amount):,.{int(places)}f}"
+def usd(value: Decimal | float | None) -> str:
+    """$1,234.56, −$12.29 (or a dash when there is no figure): to the cent, as the API."""
+    return format_usd(value)
+
+
+@register.filter
+def usd_per_mtok(value: Decimal | float | None) -> str:
+    """$ per million tokens to four significant figures, as the API: $984.7, $0.2135."""
+    return format_usd(value, per_mtok=True)
 
 
 @register.filter

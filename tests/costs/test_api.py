@@ -39,12 +39,12 @@ def test_spend_by_model_with_dollars_per_million_tokens(make_client, rollups) ->
     body = response.json()
     by_key = {r["key"]: r for r in body["results"]}
     assert set(by_key) == {"llama", "qwen"}
-    assert Decimal(by_key["llama"]["usd"]) == Decimal("12.765")
+    assert by_key["llama"]["usd"] == "12.77"  # to the cent, half up
     assert by_key["llama"]["tokens"] == 1_000_000
-    assert by_key["llama"]["usd_per_mtok"] == pytest.approx(12.765)
+    assert by_key["llama"]["usd_per_mtok"] == 12.77  # four significant figures
     assert by_key["qwen"]["usd_per_mtok"] == pytest.approx(4.0)
-    assert Decimal(body["total"]["usd"]) == Decimal("16.765")
-    assert Decimal(body["total"]["idle_usd"]) == Decimal("2.765")
+    assert body["total"]["usd"] == "16.77"
+    assert body["total"]["idle_usd"] == "2.77"
     assert body["results"][0]["key"] == "llama"  # most expensive first
 
 
@@ -52,15 +52,19 @@ def test_spend_by_tenant_and_region_and_hour(make_client, rollups) -> None:  # t
     client = make_client("viewer")
     tenants = {r["key"]: Decimal(r["usd"]) for r in
                client.get(URL, {"group_by": "tenant"}).json()["results"]}
-    assert tenants == {"acme": Decimal("11.5"), "globex": Decimal("2.5"), "": Decimal("2.765")}
+    # Idle spend has a name, never the empty key.
+    assert tenants == {"acme": Decimal("11.5"), "globex": Decimal("2.5"),
+                       "(idle)": Decimal("2.77")}
+    idle = client.get(URL, {"group_by": "model", "tenant": "(idle)"}).json()
+    assert Decimal(idle["total"]["usd"]) == Decimal("2.77")
     regions = {r["key"]: Decimal(r["usd"]) for r in
                client.get(URL, {"group_by": "region", "model": "llama"}).json()["results"]}
-    assert regions == {"aws:eu-central-1": Decimal("10"), "aws:us-east-1": Decimal("2.765")}
+    assert regions == {"aws:eu-central-1": Decimal("10"), "aws:us-east-1": Decimal("2.77")}
     hours = client.get(URL, {"group_by": "hour"}).json()["results"]
     assert [datetime.fromisoformat(h["key"]) for h in hours] == [rollups]
     since = (rollups - timedelta(days=41)).isoformat()
     everything = client.get(URL, {"group_by": "day", "since": since}).json()
-    assert Decimal(everything["total"]["usd"]) == Decimal("116.765")
+    assert everything["total"]["usd"] == "116.77"
     assert len(everything["results"]) == 2
 
 

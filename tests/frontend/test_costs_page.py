@@ -47,7 +47,7 @@ def test_platform_sees_spend_by_model_region_tenant_with_idle_and_budgets(signed
     assert {g["key"]: g["usd"] for g in ctx["by_model"]} == {
         "llama": Decimal("10.5"), "qwen": Decimal("2")}
     assert {g["key"]: g["usd"] for g in ctx["by_tenant"]} == {
-        "acme": Decimal("8"), "globex": Decimal("3"), "": Decimal("1.5")}
+        "acme": Decimal("8"), "globex": Decimal("3"), "(idle)": Decimal("1.5")}
     assert {g["key"] for g in ctx["by_region"]} == {"aws:eu-central-1", "aws:us-east-1"}
     llama = next(g for g in ctx["by_model"] if g["key"] == "llama")
     assert llama["usd_per_mtok"] == pytest.approx(3.5)
@@ -149,3 +149,23 @@ def test_spend_over_time_stacks_models_most_expensive_first() -> None:
     assert figure["layout"]["barmode"] == "stack"
     daily = charts.spend_over_time_figure(rows, h, h + timedelta(days=2), bucket="day")
     assert daily["data"][0]["width"] == charts.HOUR_MS * 24 * 0.9
+
+
+def test_a_tenant_without_a_budget_gets_no_budget_bar(signed_in, spend):  # type: ignore[no-untyped-def]
+    html = signed_in(Role.VIEWER).get("/costs/").content.decode()
+    rows = {row.split("</a>")[0].rsplit("<b>", 1)[-1]: row
+            for row in html.split('<tr>') if "frontend" not in row and "<b>" in row}
+    # acme has a budget; globex spends without one.
+    assert 'class="budget-bar"' in rows["acme</b>"]
+    assert 'class="budget-bar"' not in rows["globex</b>"]
+    assert "no budget" in rows["globex</b>"]
+
+
+def test_money_is_shown_to_the_cent_and_rates_to_four_figures() -> None:
+    from frontend.templatetags.meridian import usd, usd_per_mtok
+
+    assert usd(Decimal("1982.995")) == "$1,983.00"
+    assert usd(-12.294) == "−$12.29" and usd(None) == "—"
+    assert usd_per_mtok(984.736040609137) == "$984.7"
+    assert usd_per_mtok(3.5) == "$3.500" and usd_per_mtok(0.21345) == "$0.2135"
+    assert usd_per_mtok(12345.6) == "$12,350"
