@@ -72,7 +72,6 @@ class AlertViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
     """Alerts opened and resolved by the rules; tenant users see their own tenant's only."""
 
     write_role = Role.OPERATOR
-    tenant_field = "tenant"
     queryset = Alert.objects.select_related("tenant")
     serializer_class = AlertSerializer
     filterset_class = AlertFilter

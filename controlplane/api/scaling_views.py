@@ -44,7 +44,6 @@ class ScalingDecisionViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet)
     """The autoscaler's decisions. Tenant users see their own deployments' decisions and
     those of shared deployments they may use, as with the deployments themselves."""
 
-    tenant_field = "deployment__tenant"
     shared_visible = True
     queryset = ScalingDecision.objects.select_related("deployment").order_by("-at", "-id")
     serializer_class = ScalingDecisionSerializer
