@@ -3,10 +3,9 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import failover_views, gpu_views, plan_views, routing_views, views
+from controlplane.api import cost_views, failover_views, gpu_views, plan_views, routing_views, views
 from controlplane.api.alert_views import AlertRulesView, AlertViewSet
 from controlplane.api.scaling_views import ScalingDecisionViewSet
-from controlplane.costs import api as costs_api
 
 router = DefaultRouter()
 router.register("clouds", views.CloudViewSet)
@@ -27,15 +26,15 @@ router.register("plans", plan_views.PlanViewSet)
 router.register("alerts", AlertViewSet)
 router.register("operations", views.OperationViewSet)
 router.register("gpu-nodes", gpu_views.GpuNodeViewSet)
-router.register("cost-rollups", costs_api.CostRollupViewSet)
-router.register("budgets", costs_api.BudgetViewSet, basename="budgets")
+router.register("cost-rollups", cost_views.CostRollupViewSet)
+router.register("budgets", cost_views.BudgetViewSet, basename="budgets")
 router.register("incidents", failover_views.IncidentViewSet)
 router.register("region-health", failover_views.RegionHealthViewSet)
 router.register("scaling-decisions", ScalingDecisionViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
-    path("costs/", costs_api.CostSummaryView.as_view(), name="costs"),
+    path("costs/", cost_views.CostSummaryView.as_view(), name="costs"),
     path("alert-rules/", AlertRulesView.as_view(), name="alert-rules"),
     path("gpu-reports/", gpu_views.GpuReportView.as_view(), name="gpu-reports"),
     path("edges/<slug:name>/table", routing_views.EdgeTableView.as_view(), name="edge-table"),
