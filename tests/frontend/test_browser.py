@@ -278,3 +278,73 @@ def test_operator_starts_a_drill_that_appears_on_the_timeline(
     page.page.wait_for_selector("#incident-timelines .scatterlayer", state="attached")
     page.shoot("failover")
     assert page.problems == []
+
+
+def test_the_failover_page_follows_a_drill_without_a_reload(
+    tab: Callable[[], Tab], browser_fleet: Fleet, catalog: dict[str, Any],
+    make_user: Callable[..., Any],
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.failover.models import Incident, IncidentKind
+
+    now = timezone.now()
+    incident = Incident.objects.create(kind=IncidentKind.DRILL, region=catalog["fra"],
+                                       summary="Drill: kill 2 replicas", started_at=now)
+    make_user(Role.VIEWER, username="vera")
+    page = tab()
+    page.sign_in("vera")
+    page.open("/failover/")
+    row = page.page.locator("#failover-live table.data tr", has_text="Drill: kill 2 replicas")
+    assert "open" in row.inner_text()
+    assert page.page.locator("#failover-live").get_attribute("hx-trigger") == "every 2s"
+    # Failover acts in the database; the page is never reloaded.
+    Incident.objects.filter(pk=incident.pk).update(
+        detected_at=now + timedelta(seconds=0.4), tables_pushed_at=now + timedelta(seconds=0.9),
+        replacements=["r-1"], replacement_ready_at=now + timedelta(seconds=4),
+        traffic_back_at=now + timedelta(seconds=6), resolved_at=now + timedelta(seconds=6.5))
+    page.page.wait_for_function(
+        "() => { const r = [...document.querySelectorAll('#failover-live tr')]"
+        ".find(t => t.textContent.includes('Drill: kill 2 replicas'));"
+        " return r && r.textContent.includes('resolved') && r.textContent.includes('+6.50 s'); }",
+        timeout=20_000)
+    # Settled: the part now refreshes at the quiet pace.
+    assert page.page.locator("#failover-live").get_attribute("hx-trigger") == "every 15s"
+    assert page.problems == []
+
+
+def test_region_markers_are_drawn_above_the_edges_and_a_down_region_shows(
+    tab: Callable[[], Tab], browser_fleet: Fleet, make_user: Callable[..., Any],
+) -> None:
+    from django.utils import timezone
+
+    from controlplane.failover.models import Health, RegionHealth
+
+    edge_region = browser_fleet.edges[0].region
+    now = timezone.now()
+    RegionHealth.objects.update_or_create(region=edge_region, defaults={
+        "state": Health.DOWN, "reason": "2 replicas failed and none serves",
+        "changed_at": now, "checked_at": now})
+    make_user(Role.VIEWER, username="vic")
+    page = tab()
+    page.sign_in("vic")
+    page.page.wait_for_selector("#world-map .scattergeo path.point", state="attached")
+    names = page.page.evaluate(
+        "() => document.getElementById('world-map').data.map(t => t.name)")
+    edges = next(i for i, n in enumerate(names) if n.startswith("edges"))
+    regions = [i for i, n in enumerate(names) if n.split(" ")[0] in
+               ("idle", "starting", "healthy", "degraded", "down")]
+    assert regions and min(regions) > edges and names[-1].startswith("down"), names
+    # Drawn last in the SVG (on top), and bigger than an edge's diamond.
+    sizes = page.page.evaluate(
+        """() => { const traces = [...document.querySelectorAll('#world-map .scattergeo.trace')];
+                   const box = t => t.querySelector('path.point').getBoundingClientRect().width;
+                   return [box(traces[traces.length - 1]), traces.length]; }""")
+    edge_width = page.page.evaluate(
+        """(i) => { const t = document.querySelectorAll('#world-map .scattergeo.trace')[i];
+                    return t.querySelector('path.point').getBoundingClientRect().width; }""",
+        edges)  # one SVG trace per figure trace, in the same order
+    assert sizes[0] > edge_width > 0
+    assert page.problems == []
