@@ -66,6 +66,10 @@ class _Observed(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.BooleanField())
     def get_stale(self, obj: Offer | Quota) -> bool:
+        """An observation that was supposed to refresh and did not; a row from the catalog
+        file (source `catalog:<as_of>`) is a dated list price or default, never stale."""
+        if obj.source.startswith("catalog:"):
+            return False
         return timezone.now() - obj.observed_at > settings.MERIDIAN["CATALOG_STALE_AFTER"]
 
 
