@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "controlplane.telemetry",
     "controlplane.failover",
     "controlplane.scaling",
+    "controlplane.batches",
     "controlplane.plans",
     "controlplane.costs",
     "controlplane.alerts",

@@ -133,6 +133,31 @@ def _delivery(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
                                         url="https://hooks.example/x", payload={}, created_at=NOW)
 
 
+def _batch_file(fx: dict[str, Any], tenant: Tenant | None) -> models.Model | None:
+    from controlplane.batches.models import BatchFile
+
+    return None if tenant is None else BatchFile.objects.create(
+        tenant=tenant, purpose="batch", filename=f"in-{_n()}.jsonl", bytes=2, line_count=1,
+        content=b"{}")
+
+
+def _batch(fx: dict[str, Any], tenant: Tenant | None) -> models.Model | None:
+    from controlplane.batches.models import Batch
+
+    source = _batch_file(fx, tenant)
+    return None if tenant is None else Batch.objects.create(
+        tenant=tenant, input_file=source, endpoint="/v1/chat/completions", model="m",
+        expires_at=NOW)
+
+
+def _batch_line(fx: dict[str, Any], tenant: Tenant | None) -> models.Model | None:
+    from controlplane.batches.models import BatchLine
+
+    batch = _batch(fx, tenant)
+    return None if batch is None else BatchLine.objects.create(
+        batch=batch, line_number=1, custom_id=f"c-{_n()}", body={})
+
+
 BUILDERS: dict[str, Builder] = {
     "core.Tenant": _tenant,
     "core.Membership": _membership,
@@ -150,4 +175,7 @@ BUILDERS: dict[str, Builder] = {
     "costs.CostRollup": _rollup,
     "alerts.Alert": alert,
     "alerts.AlertDelivery": _delivery,
+    "batches.BatchFile": _batch_file,
+    "batches.Batch": _batch,
+    "batches.BatchLine": _batch_line,
 }

@@ -3,7 +3,15 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from controlplane.api import cost_views, failover_views, gpu_views, plan_views, routing_views, views
+from controlplane.api import (
+    batch_views,
+    cost_views,
+    failover_views,
+    gpu_views,
+    plan_views,
+    routing_views,
+    views,
+)
 from controlplane.api.alert_views import AlertRulesView, AlertViewSet
 from controlplane.api.scaling_views import ScalingDecisionViewSet
 
@@ -39,4 +47,14 @@ urlpatterns = [
     path("gpu-reports/", gpu_views.GpuReportView.as_view(), name="gpu-reports"),
     path("edges/<slug:name>/table", routing_views.EdgeTableView.as_view(), name="edge-table"),
     *router.urls,
+]
+
+# OpenAI's Files and Batches, served at /v1/ (controlplane/urls.py) with inference keys.
+openai_urlpatterns = [
+    path("files", batch_views.files, name="openai-files"),
+    path("files/<str:file_id>", batch_views.file_detail, name="openai-file"),
+    path("files/<str:file_id>/content", batch_views.file_content, name="openai-file-content"),
+    path("batches", batch_views.batches, name="openai-batches"),
+    path("batches/<str:batch_id>", batch_views.batch_detail, name="openai-batch"),
+    path("batches/<str:batch_id>/cancel", batch_views.batch_cancel, name="openai-batch-cancel"),
 ]

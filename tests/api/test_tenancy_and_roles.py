@@ -164,6 +164,9 @@ NOT_SERVED = {
     "telemetry.GpuReading": "read inside gpu-nodes",
     "costs.TokenUsage": "read through costs and cost-rollups",
     "alerts.AlertDelivery": "webhook bookkeeping, shown in the admin",
+    "batches.BatchFile": "served to the tenant's inference key at /v1/files (tests/batches)",
+    "batches.Batch": "served to the tenant's inference key at /v1/batches (tests/batches)",
+    "batches.BatchLine": "read through a batch's output and error files",
 }
 
 

@@ -1,0 +1,1 @@
+"""OpenAI's Files and Batches: uploaded JSONL, batch state, and the lines' execution."""

@@ -1,0 +1,514 @@
+"""The Batch API's rules: what a valid input file is, creating and cancelling batches, and
+running their lines against ready replicas.
+
+Execution: `process()` claims a chunk of lines with `FOR UPDATE SKIP LOCKED` (so several
+workers share one batch without sending a line twice), posts each to a ready replica of the
+batch's model that the tenant may use (its jurisdictions and regions; shared deployments or
+its own), and stores each line's result exactly once with a conditional UPDATE keyed on
+(batch, custom_id): a line whose result is stored is never claimed again. 429, 5xx, timeouts
+and refused connections are retried with exponential backoff and jitter up to
+`BATCH_MAX_ATTEMPTS`; other answers are final. When no line is left the output and error
+files are written in OpenAI's line format and the batch completes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Min, Q
+from django.utils import timezone
+
+from controlplane.batches.models import (
+    FINISHED,
+    Batch,
+    BatchFile,
+    BatchLine,
+    BatchStatus,
+    FilePurpose,
+    LineState,
+)
+from controlplane.core.models import Tenant
+from controlplane.deployments.models import Deployment, Replica, ReplicaState
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
+METADATA_MAX_KEYS = 16
+METADATA_MAX_KEY = 64
+METADATA_MAX_VALUE = 512
+
+
+def _setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def max_file_bytes() -> int:
+    return int(_setting("BATCH_FILE_MAX_BYTES", 200 * 1024 * 1024))
+
+
+def max_file_lines() -> int:
+    return int(_setting("BATCH_FILE_MAX_LINES", 50_000))
+
+
+class BatchError(Exception):
+    """A refusal the API answers with OpenAI's error shape."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class InputLine:
+    number: int
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+def parse_input(raw: bytes) -> list[InputLine]:
+    """Every line of a batch input file, or a BatchError naming the first bad line and field.
+    One model and one endpoint per file, custom_id unique, no streaming."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BatchError(f"the file is not UTF-8 (byte {exc.start})", param="file",
+                         code="invalid_file") from None
+    chunks = text.split("\n")
+    if chunks and chunks[-1].strip() == "":
+        chunks.pop()
+    if not chunks:
+        raise BatchError("the file has no lines", param="file", code="empty_file")
+    if len(chunks) > max_file_lines():
+        raise BatchError(f"the file has {len(chunks)} lines; at most {max_file_lines()} are allowed",
+                         param="file", code="too_many_lines")
+    lines: list[InputLine] = []
+    seen: dict[str, int] = {}
+    model: tuple[str, int] | None = None
+    url: tuple[str, int] | None = None
+    for number, chunk in enumerate(chunks, start=1):
+        def bad(what: str, field: str | None = None, _n: int = number) -> BatchError:
+            return BatchError(f"line {_n}: {what}", param=field or "file", code="invalid_line")
+
+        if not chunk.strip():
+            raise bad("the line is empty")
+        try:
+            row = json.loads(chunk)
+        except ValueError as exc:
+            raise bad(f"not valid JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise bad("a line must be a JSON object")
+        custom_id = row.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            raise bad("custom_id must be a non-empty string", "custom_id")
+        if len(custom_id) > 512:
+            raise bad("custom_id is longer than 512 characters", "custom_id")
+        if custom_id in seen:
+            raise bad(f"custom_id {json.dumps(custom_id)} repeats line {seen[custom_id]}",
+                      "custom_id")
+        seen[custom_id] = number
+        if row.get("method") != "POST":
+            raise bad(f"method must be \"POST\", not {json.dumps(row.get('method'))}", "method")
+        line_url = row.get("url")
+        if line_url not in ENDPOINTS:
+            raise bad(f"url must be one of {', '.join(ENDPOINTS)}, not {json.dumps(line_url)}",
+                      "url")
+        if url is None:
+            url = (line_url, number)
+        elif line_url != url[0]:
+            raise bad(f"url {line_url} differs from line {url[1]}'s {url[0]}: one endpoint per "
+                      "batch", "url")
+        body = row.get("body")
+        if not isinstance(body, dict):
+            raise bad("body must be a JSON object", "body")
+        line_model = body.get("model")
+        if not isinstance(line_model, str) or not line_model:
+            raise bad("body.model must be a non-empty string", "body.model")
+        if model is None:
+            model = (line_model, number)
+        elif line_model != model[0]:
+            raise bad(f"model {json.dumps(line_model)} differs from line {model[1]}'s "
+                      f"{json.dumps(model[0])}: one model per batch", "body.model")
+        if body.get("stream"):
+            raise bad("body.stream must be false in a batch", "body.stream")
+        lines.append(InputLine(number, custom_id, line_url, body))
+    return lines
+
+
+def store_file(tenant: Tenant, filename: str, raw: bytes, purpose: str) -> BatchFile:
+    """A validated input file, written whole in one statement or not at all."""
+    if purpose != FilePurpose.BATCH:
+        raise BatchError(f"purpose must be \"batch\", not {json.dumps(purpose)}", param="purpose",
+                         code="invalid_purpose")
+    if len(raw) > max_file_bytes():
+        raise BatchError(f"the file is {len(raw)} bytes; at most {max_file_bytes()} are allowed",
+                         param="file", code="file_too_large")
+    lines = parse_input(raw)
+    return BatchFile.objects.create(tenant=tenant, purpose=purpose, filename=filename[:255],
+                                    bytes=len(raw), line_count=len(lines), content=raw)
+
+
+def delete_file(row: BatchFile) -> None:
+    if row.batches.exists():
+        batch = row.batches.order_by("created_at").first()
+        raise BatchError(f"file {row.id} is the input of {batch.id if batch else 'a batch'}",
+                         status=409, param="file_id", code="file_in_use")
+    row.delete()
+
+
+def _usable_deployments(tenant: Tenant, model: str) -> Any:
+    return Deployment.objects.filter(served_model_name=model).filter(
+        Q(tenant__isnull=True) | Q(tenant=tenant))
+
+
+def check_model(tenant: Tenant, model: str, allowed_models: Iterable[str] | None) -> None:
+    """The model exists for this tenant (shared or its own), its key may use it, and it may be
+    served inside the tenant's jurisdictions."""
+    deployments = _usable_deployments(tenant, model)
+    if not deployments.exists():
+        raise BatchError(f"model {json.dumps(model)} does not exist", status=404,
+                         param="model", code="model_not_found")
+    allowed = list(allowed_models or ["*"])
+    if "*" not in allowed and model not in allowed:
+        raise BatchError(f"this API key may not use model {json.dumps(model)}", param="model",
+                         code="model_not_allowed")
+    jurisdictions = list(tenant.allowed_jurisdictions.values_list("pk", flat=True))
+    if not deployments.filter(allowed_jurisdictions__in=jurisdictions).exists():
+        codes = sorted(tenant.allowed_jurisdictions.values_list("code", flat=True))
+        raise BatchError(
+            f"model {json.dumps(model)} is not served in the jurisdictions tenant "
+            f"{tenant.name} may use ({', '.join(codes) or 'none'})",
+            param="model", code="model_not_allowed")
+
+
+def _check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise BatchError("metadata must be an object of strings", param="metadata")
+    if len(metadata) > METADATA_MAX_KEYS:
+        raise BatchError(f"metadata has {len(metadata)} keys; at most {METADATA_MAX_KEYS}",
+                         param="metadata")
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY or not isinstance(value, str) \
+                or len(value) > METADATA_MAX_VALUE:
+            raise BatchError(f"metadata[{json.dumps(key)}] must be a string of at most "
+                             f"{METADATA_MAX_VALUE} characters under a key of at most "
+                             f"{METADATA_MAX_KEY}", param="metadata")
+    return dict(metadata)
+
+
+def create_batch(tenant: Tenant, input_file_id: Any, endpoint: Any, completion_window: Any,
+                 metadata: Any = None, allowed_models: Iterable[str] | None = None) -> Batch:
+    """A batch and all its lines, in one transaction, or a BatchError and nothing written."""
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise BatchError("input_file_id is required", param="input_file_id")
+    if endpoint not in ENDPOINTS:
+        raise BatchError(f"endpoint must be one of {', '.join(ENDPOINTS)}, not "
+                         f"{json.dumps(endpoint)}", param="endpoint", code="invalid_endpoint")
+    if completion_window not in COMPLETION_WINDOWS:
+        raise BatchError(f"completion_window must be \"24h\", not {json.dumps(completion_window)}",
+                         param="completion_window")
+    clean_metadata = _check_metadata(metadata)
+    source = BatchFile.objects.filter(tenant=tenant, pk=input_file_id).first()
+    if source is None:
+        raise BatchError(f"no file {input_file_id}", status=404, param="input_file_id",
+                         code="file_not_found")
+    if source.purpose != FilePurpose.BATCH:
+        raise BatchError(f"file {source.id} has purpose {source.purpose}, not batch",
+                         param="input_file_id")
+    lines = parse_input(bytes(source.content))
+    if lines[0].url != endpoint:
+        raise BatchError(f"line 1: url {lines[0].url} does not match the batch's endpoint "
+                         f"{endpoint}", param="endpoint", code="invalid_endpoint")
+    model = str(lines[0].body["model"])
+    check_model(tenant, model, allowed_models)
+    now = timezone.now()
+    with transaction.atomic():
+        batch = Batch.objects.create(
+            tenant=tenant, input_file=source, endpoint=endpoint, model=model,
+            completion_window=completion_window, metadata=clean_metadata,
+            expires_at=now + COMPLETION_WINDOWS[completion_window])
+        BatchLine.objects.bulk_create(
+            [BatchLine(batch=batch, line_number=line.number, custom_id=line.custom_id,
+                       body=line.body) for line in lines], batch_size=2000)
+    return batch
+
+
+def request_counts(batch: Batch) -> dict[str, int]:
+    counts = dict(batch.lines.values_list("state").annotate(n=Count("id")).order_by())
+    return {"total": sum(counts.values()), "completed": counts.get(LineState.DONE, 0),
+            "failed": counts.get(LineState.FAILED, 0)}
+
+
+def cancel_batch(batch_id: str) -> Batch:
+    """Stops new sends; results already stored stay and go to the output file. Finished
+    batches refuse (409)."""
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().get(pk=batch_id)
+        if batch.status in FINISHED:
+            raise BatchError(f"batch {batch.id} is already {batch.status}", status=409,
+                             param="batch_id", code="batch_finished")
+        if batch.status != BatchStatus.CANCELLING:
+            batch.status = BatchStatus.CANCELLING
+            batch.cancelling_at = timezone.now()
+            batch.save(update_fields=["status", "cancelling_at"])
+    if not _running(batch).exists():
+        finalize(batch.pk, BatchStatus.CANCELLED)
+    batch.refresh_from_db()
+    return batch
+
+
+# -- execution -------------------------------------------------------------------------------
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=float(_setting("BATCH_LEASE_S", 600)))
+
+
+def _running(batch: Batch) -> Any:
+    """Lines a live worker holds (a claim older than the lease belongs to a dead one)."""
+    return batch.lines.filter(state=LineState.RUNNING,
+                              claimed_at__gte=timezone.now() - _lease())
+
+
+def claim(batch: Batch, worker: str, size: int) -> list[BatchLine]:
+    """Up to `size` lines due now (queued, or held past the lease by a worker that died),
+    locked with SKIP LOCKED so concurrent workers take different lines."""
+    now = timezone.now()
+    due = Q(state=LineState.QUEUED) & (Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+    stale = Q(state=LineState.RUNNING, claimed_at__lt=now - _lease())
+    with transaction.atomic():
+        ids = list(BatchLine.objects.select_for_update(skip_locked=True)
+                   .filter(batch=batch).filter(due | stale)
+                   .order_by("line_number").values_list("pk", flat=True)[:size])
+        BatchLine.objects.filter(pk__in=ids).update(
+            state=LineState.RUNNING, claimed_at=now, worker=worker, attempts=F("attempts") + 1)
+    return list(BatchLine.objects.filter(pk__in=ids).order_by("line_number"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one send produced: an HTTP answer (`status`, `body`) or a transport failure."""
+
+    status: int | None
+    body: Any
+    request_id: str
+    retry_after_s: float | None = None
+    error: str = ""
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+def eligible_replicas(batch: Batch) -> list[Replica]:
+    """Ready replicas of the batch's model the tenant may use: shared or its own
+    deployments, inside its jurisdictions (and its regions, where it names any)."""
+    tenant = batch.tenant
+    rows = Replica.objects.filter(
+        state=ReplicaState.READY, deployment__served_model_name=batch.model,
+        region__jurisdiction__in=tenant.allowed_jurisdictions.all(),
+    ).filter(Q(deployment__tenant__isnull=True) | Q(deployment__tenant=tenant)).exclude(url="")
+    if tenant.allowed_regions.exists():
+        rows = rows.filter(region__in=tenant.allowed_regions.all())
+    return list(rows)
+
+
+def send(url: str, body: dict[str, Any], timeout_s: float) -> Outcome:
+    request_id = "req_" + secrets.token_hex(12)
+    request = urllib.request.Request(
+        url, data=json.dumps({**body, "stream": False}).encode(), method="POST",
+        headers={"Content-Type": "application/json", "x-request-id": request_id})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return Outcome(response.status, _json(response.read()), request_id)
+    except urllib.error.HTTPError as exc:
+        retry_after = exc.headers.get("Retry-After") if exc.headers else None
+        try:
+            wait = float(retry_after) if retry_after else None
+        except ValueError:
+            wait = None
+        return Outcome(exc.code, _json(exc.read()), request_id, retry_after_s=wait)
+    except (TimeoutError, OSError) as exc:  # URLError is an OSError
+        return Outcome(None, None, request_id, error=f"{type(exc).__name__}: {exc}")
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"raw": raw.decode("utf-8", "replace")[:2000]}
+
+
+def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
+    """Exponential with jitter: half the step fixed, half random; never below Retry-After."""
+    base = float(_setting("BATCH_BACKOFF_BASE_S", 1.0))
+    cap = float(_setting("BATCH_BACKOFF_MAX_S", 60.0))
+    step = min(cap, base * 2 ** max(0, attempt - 1))
+    delay = step / 2 + random.uniform(0, step / 2)
+    return max(delay, retry_after_s or 0.0)
+
+
+def record(line: BatchLine, worker: str, outcome: Outcome) -> bool:
+    """Store a line's outcome once. Success or a final failure is written by an UPDATE that
+    only matches while the line has no stored result; a retryable failure puts it back in
+    the queue with a backoff, unless its attempts are spent. True when this call wrote."""
+    now = timezone.now()
+    max_attempts = int(_setting("BATCH_MAX_ATTEMPTS", 5))
+    unfinished = BatchLine.objects.filter(batch_id=line.batch_id, custom_id=line.custom_id,
+                                          finished_at__isnull=True)
+    if outcome.status is not None and 200 <= outcome.status < 300:
+        return unfinished.update(state=LineState.DONE, response_status=outcome.status,
+                                 request_id=outcome.request_id, result=outcome.body,
+                                 error=None, finished_at=now) == 1
+    if outcome.retryable and line.attempts < max_attempts:
+        return unfinished.filter(state=LineState.RUNNING, worker=worker).update(
+            state=LineState.QUEUED, worker="",
+            next_attempt_at=now + timedelta(seconds=backoff_s(line.attempts,
+                                                               outcome.retry_after_s)),
+            response_status=outcome.status, error=_error_of(outcome, line.attempts)) == 1
+    return unfinished.update(state=LineState.FAILED, response_status=outcome.status,
+                             request_id=outcome.request_id, result=outcome.body,
+                             error=_error_of(outcome, line.attempts), finished_at=now) == 1
+
+
+def _error_of(outcome: Outcome, attempts: int) -> dict[str, str]:
+    if outcome.status is None:
+        return {"code": "request_failed",
+                "message": f"{outcome.error or 'no answer'} (after {attempts} attempts)"}
+    message = ""
+    if isinstance(outcome.body, dict):
+        inner = outcome.body.get("error")
+        message = inner.get("message", "") if isinstance(inner, dict) else str(inner or "")
+    return {"code": f"http_{outcome.status}",
+            "message": f"{message or 'the engine answered ' + str(outcome.status)} "
+                       f"(after {attempts} attempts)"}
+
+
+def _start(batch: Batch) -> None:
+    Batch.objects.filter(pk=batch.pk, status=BatchStatus.VALIDATING).update(
+        status=BatchStatus.IN_PROGRESS, in_progress_at=timezone.now())
+
+
+def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
+    """Run a batch's due lines for about `budget_s`. None: the batch is finished (or was);
+    a number: seconds until a line is next due, for the caller to come back then."""
+    batch = Batch.objects.select_related("tenant").get(pk=batch_id)
+    if batch.status in FINISHED:
+        return None
+    _start(batch)
+    timeout_s = float(_setting("BATCH_REQUEST_TIMEOUT_S", 120.0))
+    chunk = int(_setting("BATCH_CHUNK", 8))
+    started = timezone.now()
+    while True:
+        batch.refresh_from_db(fields=["status"])
+        if batch.status == BatchStatus.CANCELLING:
+            if _running(batch).exists():
+                return _lease().total_seconds()
+            finalize(batch.pk, BatchStatus.CANCELLED)
+            return None
+        if batch.status in FINISHED:
+            return None
+        if timezone.now() >= batch.expires_at:
+            finalize(batch.pk, BatchStatus.EXPIRED)
+            return None
+        lines = claim(batch, worker, chunk)
+        if not lines:
+            return _idle(batch)
+        replicas = eligible_replicas(batch)
+
+        def run(item: tuple[int, BatchLine], _replicas: list[Replica] = replicas) -> Outcome:
+            if not _replicas:
+                return Outcome(None, None, "", error=f"no ready replica of {batch.model} the "
+                               f"tenant may use")
+            replica = _replicas[(item[0] + random.randrange(len(_replicas))) % len(_replicas)]
+            return send(replica.url.rstrip("/") + batch.endpoint, item[1].body, timeout_s)
+
+        with ThreadPoolExecutor(max_workers=len(lines)) as pool:
+            outcomes = list(pool.map(run, enumerate(lines)))
+        for line, outcome in zip(lines, outcomes, strict=True):
+            record(line, worker, outcome)
+        if (timezone.now() - started).total_seconds() >= budget_s:
+            return 0.0
+
+
+def _idle(batch: Batch) -> float | None:
+    """Nothing was due: finish when every line is, else say when the next one is due."""
+    left = batch.lines.filter(state__in=[LineState.QUEUED, LineState.RUNNING])
+    if not left.exists():
+        finalize(batch.pk, BatchStatus.COMPLETED)
+        return None
+    due = left.filter(state=LineState.QUEUED).aggregate(at=Min("next_attempt_at"))["at"]
+    if due is None:
+        return _lease().total_seconds()
+    return max(0.0, (due - timezone.now()).total_seconds())
+
+
+def _output_line(line: BatchLine) -> dict[str, Any]:
+    response = None
+    if line.response_status is not None and line.result is not None:
+        response = {"status_code": line.response_status, "request_id": line.request_id,
+                    "body": line.result}
+    return {"id": f"batch_req_{line.batch_id.removeprefix('batch_')}_{line.line_number}",
+            "custom_id": line.custom_id, "response": response,
+            "error": None if line.state == LineState.DONE else line.error}
+
+
+def _jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
+    return b"".join(json.dumps(row, separators=(",", ":")).encode() + b"\n" for row in rows)
+
+
+def finalize(batch_id: str, status: str) -> Batch:
+    """Write the output and error files and end the batch, once: a finished batch is left
+    as it is. Expired batches list their unsent lines in the error file; cancelled ones do
+    not (as OpenAI's)."""
+    now = timezone.now()
+    with transaction.atomic():
+        batch = Batch.objects.select_for_update().get(pk=batch_id)
+        if batch.status in FINISHED:
+            return batch
+        batch.finalizing_at = batch.finalizing_at or now
+        if status == BatchStatus.EXPIRED:
+            batch.lines.filter(state__in=[LineState.QUEUED, LineState.RUNNING]).update(
+                state=LineState.FAILED, finished_at=now,
+                error={"code": "batch_expired",
+                       "message": "This request could not be executed before the completion "
+                                  "window expired."})
+        done = batch.lines.filter(state=LineState.DONE).order_by("line_number")
+        failed = batch.lines.filter(state=LineState.FAILED).order_by("line_number")
+        batch.output_file = _result_file(batch, "output", done)
+        batch.error_file = _result_file(batch, "errors", failed)
+        batch.status = status
+        stamp = {BatchStatus.COMPLETED: "completed_at", BatchStatus.EXPIRED: "expired_at",
+                 BatchStatus.CANCELLED: "cancelled_at", BatchStatus.FAILED: "failed_at"}[
+            BatchStatus(status)]
+        setattr(batch, stamp, now)
+        batch.save()
+    return batch
+
+
+def _result_file(batch: Batch, kind: str, lines: Any) -> BatchFile | None:
+    rows = [_output_line(line) for line in lines]
+    if not rows:
+        return None
+    content = _jsonl(rows)
+    return BatchFile.objects.create(
+        tenant_id=batch.tenant_id, purpose=FilePurpose.BATCH_OUTPUT,
+        filename=f"{batch.id}_{kind}.jsonl", bytes=len(content), line_count=len(rows),
+        content=content)
