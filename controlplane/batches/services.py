@@ -26,7 +26,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Min, Q
+from django.db.models import Count, F, Max, Min, Q
 from django.utils import timezone
 
 from controlplane.batches.models import (
@@ -399,6 +399,18 @@ def _error_of(outcome: Outcome, attempts: int) -> dict[str, str]:
     return {"code": f"http_{outcome.status}",
             "message": f"{message or 'the engine answered ' + str(outcome.status)} "
                        f"(after {attempts} attempts)"}
+
+
+def stalled_batches() -> list[str]:
+    """Unfinished batches no worker has claimed a line of for `BATCH_STALL_S` (300 s, more
+    than a request's timeout plus a task's budget): their task message was lost (a countdown
+    held by a worker that was killed), so the sweep queues them again. A running batch
+    claims a line at least every backoff cap (60 s), so it is never among them."""
+    cutoff = timezone.now() - timedelta(seconds=float(_setting("BATCH_STALL_S", 300)))
+    rows = (Batch.objects.exclude(status__in=FINISHED).filter(created_at__lt=cutoff)
+            .annotate(last_claim=Max("lines__claimed_at"))
+            .filter(Q(last_claim__isnull=True) | Q(last_claim__lt=cutoff)))
+    return list(rows.order_by("created_at").values_list("pk", flat=True))
 
 
 def _start(batch: Batch) -> None:

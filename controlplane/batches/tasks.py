@@ -1,5 +1,6 @@
 """The batch runner: a thin Celery wrapper over `services.process` that comes back when the
-next line is due, until the batch is finished."""
+next line is due, until the batch is finished; and the sweep that finds batches whose
+runner's message was lost (the rows are the truth, not the messages)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from celery import shared_task
 from django.conf import settings
 
 from controlplane.batches import services
+from controlplane.core.locks import advisory_lock
 
 
 @shared_task(name="batches.run_batch")
@@ -24,3 +26,15 @@ def run_batch(batch_id: str) -> str:
         return "finished"
     run_batch.apply_async((batch_id,), countdown=max(0.0, wait))
     return f"again in {wait:.1f}s"
+
+
+@shared_task(name="batches.sweep")
+def sweep() -> dict[str, int]:
+    """Every 30 s: queue the runner again for every stalled batch."""
+    with advisory_lock("batches.sweep") as acquired:
+        if not acquired:
+            return {"skipped": 1}
+        stalled = services.stalled_batches()
+    for batch_id in stalled:
+        run_batch.delay(batch_id)
+    return {"requeued": len(stalled)}

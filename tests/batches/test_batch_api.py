@@ -289,3 +289,26 @@ def test_the_task_queues_itself_again_until_the_batch_is_finished(fleet: Any,
     BatchLine.objects.filter(batch_id=batch_id).update(next_attempt_at=None)
     assert run_batch(batch_id) == "finished"
     assert c.get(f"/v1/batches/{batch_id}").json()["status"] == "completed"
+
+
+def test_the_sweep_queues_again_only_batches_no_worker_has_touched_for_a_while(
+        fleet: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.batches.tasks import sweep
+
+    c = client(fleet["acme"])
+    file_id = upload(c, jsonl(line("a", "x"), line("b", "y"))).json()["id"]
+    lost, busy, fresh, done = (create(c, file_id).json()["id"] for _ in range(4))
+    long_ago = timezone.now() - timedelta(hours=1)
+    Batch.objects.filter(pk__in=[lost, busy, done]).update(created_at=long_ago)
+    BatchLine.objects.filter(batch_id=busy, custom_id="a").update(
+        state=LineState.RUNNING, claimed_at=timezone.now(), worker="w")
+    drive(done)
+    BatchLine.objects.filter(batch_id=lost, custom_id="a").update(
+        claimed_at=long_ago, state=LineState.DONE, finished_at=long_ago, result={})
+    fleet["sent"].clear()
+    assert sweep() == {"requeued": 1}
+    assert fleet["sent"] == [("batches.run_batch", (lost,), {})]
