@@ -258,7 +258,7 @@ class DeploymentSerializer(_TenantOwned):
             "allowed_jurisdictions", "user_regions", "slo_ttft_p95_ms", "slo_itl_p95_ms",
             "min_replicas", "max_replicas", "spread_regions", "max_spot_fraction",
             "demand_tokens_per_s", "tensor_parallel", "pipeline_parallel", "max_model_len",
-            "enable_prefix_caching", "disaggregated_prefill", "auto_apply_plans",
+            "enable_prefix_caching", "engine", "disaggregated_prefill", "auto_apply_plans",
             "autoscale", "target_inflight_per_replica", "warm_pool", "scale_up_cooldown_s",
             "scale_down_cooldown_s", "replicas_ready", "placement_status",
             "placement_problem", "placement_problem_since", "created_at", "updated_at",

@@ -23,6 +23,10 @@ class Engine(models.TextChoices):
     ENGINESIM = "enginesim", "enginesim (simulated; local regions only)"
 
 
+# Where each engine can run: enginesim is a simulator for the local lab only.
+ENGINE_CLOUDS: dict[str, frozenset[str]] = {Engine.ENGINESIM: frozenset({"local"})}
+
+
 def default_engine() -> str:
     return str(settings.MERIDIAN["DEFAULT_ENGINE"])
 

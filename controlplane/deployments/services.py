@@ -12,7 +12,7 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from controlplane.deployments.models import Deployment, Model
+from controlplane.deployments.models import Deployment, Model, default_engine
 from regions.services import CatalogError, LoadReport, upsert
 
 # vLLM shards attention heads across tensor-parallel ranks inside one node.
@@ -22,6 +22,7 @@ _FIELDS = (
     "model", "tenant", "allowed_jurisdictions", "user_regions", "min_replicas", "max_replicas",
     "tensor_parallel", "pipeline_parallel", "max_model_len", "spread_regions",
     "max_spot_fraction", "warm_pool", "name", "demand_tokens_per_s", "slo_ttft_p95_ms",
+    "engine",
 )
 _DEFAULTS: dict[str, Any] = {
     "min_replicas": 1, "max_replicas": 4, "tensor_parallel": 1, "pipeline_parallel": 1,
@@ -58,7 +59,7 @@ def merged_fields(instance: Deployment | None, attrs: dict[str, Any]) -> dict[st
                 value = list(value.all())
             merged[field] = value
         else:
-            merged[field] = _DEFAULTS.get(field)
+            merged[field] = default_engine() if field == "engine" else _DEFAULTS.get(field)
     return merged
 
 

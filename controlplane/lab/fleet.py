@@ -100,11 +100,13 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
         defaults={**settings, "slo_ttft_p95_ms": 800, "slo_itl_p95_ms": 50,
                   "demand_tokens_per_s": 2000},
     )
-    if not created and deployment.engine != fleet.engine:
+    switched = not created and deployment.engine != fleet.engine
+    if switched:
         for field, value in settings.items():
             setattr(deployment, field, value)
+        deployment.placement_problem, deployment.placement_problem_since = "", None
         deployment.save()
-    if created:
+    if created or switched:  # where it may run and whom it serves follow the lab's regions
         deployment.allowed_jurisdictions.set(
             Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))
         deployment.user_regions.set(regions)

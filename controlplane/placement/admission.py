@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from controlplane.deployments import services as deployment_rules
+from controlplane.deployments.models import ENGINE_CLOUDS
 from controlplane.placement import explain
 from controlplane.placement.capacity import MAX_PIPELINE_NODES
 from controlplane.placement.fleet import Fleet
@@ -45,7 +46,13 @@ def deployment_errors(fields: Mapping[str, Any]) -> dict[str, str]:
     errors = deployment_rules.deployment_errors(dict(fields))
     if errors or fields.get("model") is None:
         return errors
-    return placement_errors(request_for(fields), offer_options())
+    request = request_for(fields)
+    offers = offer_options()
+    if request.allowed_clouds and not any(o.cloud in request.allowed_clouds for o in offers):
+        return {"engine": f"{fields.get('engine')} runs only on "
+                          f"{', '.join(sorted(request.allowed_clouds))} regions, and placement "
+                          "may use none here; use engine vllm"}
+    return placement_errors(request, offers)
 
 
 def request_for(fields: Mapping[str, Any], deployment_id: int = 0) -> DeploymentRequest:
@@ -62,6 +69,7 @@ def request_for(fields: Mapping[str, Any], deployment_id: int = 0) -> Deployment
         user_locations=tuple((r.latitude, r.longitude) for r in fields["user_regions"] or ()),
         tensor_parallel=int(fields["tensor_parallel"]),
         pipeline_parallel=int(fields["pipeline_parallel"]),
+        allowed_clouds=ENGINE_CLOUDS.get(fields.get("engine") or "", frozenset()),
     )
 
 

@@ -73,6 +73,8 @@ class DeploymentRequest:
     # sized, priced and counted against quota for exactly this layout.
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
+    # Clouds its engine can run on (empty: any); enginesim runs only on the lab's `local`.
+    allowed_clouds: frozenset[str] = frozenset()
 
     @property
     def required_tokens_per_s(self) -> float:
@@ -130,8 +132,11 @@ class PlacementProblem:
 # -- offer filters ----------------------------------------------------------------------------
 
 def offer_allowed(d: DeploymentRequest, o: OfferOption) -> bool:
-    """Residency: the jurisdiction (and, if narrowed, the region) must be allowed."""
+    """Residency: the jurisdiction (and, if narrowed, the region) must be allowed; and the
+    deployment's engine must run on the offer's cloud."""
     if o.jurisdiction not in d.allowed_jurisdictions:
+        return False
+    if d.allowed_clouds and o.cloud not in d.allowed_clouds:
         return False
     return not d.allowed_regions or o.region in d.allowed_regions
 

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES
-from controlplane.deployments.models import Deployment, Model, Replica
+from controlplane.deployments.models import ENGINE_CLOUDS, Deployment, Model, Replica
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.placement.capacity import GpuSpec, ModelSpec
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
@@ -50,6 +50,7 @@ def deployment_request(d: Deployment) -> DeploymentRequest:
         # Provisioning launches every replica with these (`provisioning.services.spec_for`),
         # so the plan is sized and priced for them.
         tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
+        allowed_clouds=ENGINE_CLOUDS.get(d.engine, frozenset()),
     )
 
 
