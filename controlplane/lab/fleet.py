@@ -106,9 +106,11 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
             setattr(deployment, field, value)
         deployment.placement_problem, deployment.placement_problem_since = "", None
         deployment.save()
-    if created or switched:  # where it may run and whom it serves follow the lab's regions
-        deployment.allowed_jurisdictions.set(
-            Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))
+    # Where it may run and whom it serves follow the lab's regions (a lab that ran with
+    # another engine used fewer of them).
+    deployment.allowed_jurisdictions.add(
+        *Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))
+    if created or switched or set(deployment.user_regions.all()) != set(regions):
         deployment.user_regions.set(regions)
     for region in regions:
         live = deployment.replicas.filter(region=region, state__in=LIVE_STATES).count()
