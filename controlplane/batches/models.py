@@ -88,6 +88,8 @@ class Batch(models.Model):
     expired_at = models.DateTimeField(null=True, blank=True)
     cancelling_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
+    last_run_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a worker last ran the batch (the sweep's clock).")
 
     tenancy = Tenancy("tenant")
     objects = TenantQuerySet.as_manager()

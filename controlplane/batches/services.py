@@ -26,7 +26,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Max, Min, Q
+from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from controlplane.batches.models import (
@@ -402,14 +402,13 @@ def _error_of(outcome: Outcome, attempts: int) -> dict[str, str]:
 
 
 def stalled_batches() -> list[str]:
-    """Unfinished batches no worker has claimed a line of for `BATCH_STALL_S` (300 s, more
-    than a request's timeout plus a task's budget): their task message was lost (a countdown
-    held by a worker that was killed), so the sweep queues them again. A running batch
-    claims a line at least every backoff cap (60 s), so it is never among them."""
+    """Unfinished batches no worker has run for `BATCH_STALL_S` (300 s, more than a
+    request's timeout plus a task's budget plus the longest wait between runs, the backoff
+    cap): their task message was lost (a countdown held by a worker that was killed), so
+    the sweep queues them again."""
     cutoff = timezone.now() - timedelta(seconds=float(_setting("BATCH_STALL_S", 300)))
     rows = (Batch.objects.exclude(status__in=FINISHED).filter(created_at__lt=cutoff)
-            .annotate(last_claim=Max("lines__claimed_at"))
-            .filter(Q(last_claim__isnull=True) | Q(last_claim__lt=cutoff)))
+            .filter(Q(last_run_at__isnull=True) | Q(last_run_at__lt=cutoff)))
     return list(rows.order_by("created_at").values_list("pk", flat=True))
 
 
@@ -425,6 +424,7 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
     if batch.status in FINISHED:
         return None
     _start(batch)
+    Batch.objects.filter(pk=batch.pk).update(last_run_at=timezone.now())
     timeout_s = float(_setting("BATCH_REQUEST_TIMEOUT_S", 120.0))
     chunk = int(_setting("BATCH_CHUNK", 8))
     started = timezone.now()
@@ -432,7 +432,7 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
         batch.refresh_from_db(fields=["status"])
         if batch.status == BatchStatus.CANCELLING:
             if _running(batch).exists():
-                return _lease().total_seconds()
+                return _wait_cap()
             finalize(batch.pk, BatchStatus.CANCELLED)
             return None
         if batch.status in FINISHED:
@@ -440,15 +440,17 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
         if timezone.now() >= batch.expires_at:
             finalize(batch.pk, BatchStatus.EXPIRED)
             return None
+        replicas = eligible_replicas(batch)
+        if not replicas:
+            # Nothing to send to (a region down, replicas still starting): no line is
+            # claimed and no attempt spent; the batch waits, until its window ends.
+            wait = _idle(batch)
+            return None if wait is None else _wait_cap()
         lines = claim(batch, worker, chunk)
         if not lines:
             return _idle(batch)
-        replicas = eligible_replicas(batch)
 
         def run(item: tuple[int, BatchLine], _replicas: list[Replica] = replicas) -> Outcome:
-            if not _replicas:
-                return Outcome(None, None, "", error=f"no ready replica of {batch.model} the "
-                               f"tenant may use")
             replica = _replicas[(item[0] + random.randrange(len(_replicas))) % len(_replicas)]
             return send(replica.url.rstrip("/") + batch.endpoint, item[1].body, timeout_s)
 
@@ -467,9 +469,14 @@ def _idle(batch: Batch) -> float | None:
         finalize(batch.pk, BatchStatus.COMPLETED)
         return None
     due = left.filter(state=LineState.QUEUED).aggregate(at=Min("next_attempt_at"))["at"]
-    if due is None:
-        return _lease().total_seconds()
-    return max(0.0, (due - timezone.now()).total_seconds())
+    if due is None:  # only lines other workers hold: look again soon
+        return _wait_cap()
+    return min(_wait_cap(), max(0.0, (due - timezone.now()).total_seconds()))
+
+
+def _wait_cap() -> float:
+    """The longest a runner waits between runs of a batch: the backoff cap."""
+    return float(_setting("BATCH_BACKOFF_MAX_S", 60.0))
 
 
 def _output_line(line: BatchLine) -> dict[str, Any]:

@@ -291,7 +291,7 @@ def test_the_task_queues_itself_again_until_the_batch_is_finished(fleet: Any,
     assert c.get(f"/v1/batches/{batch_id}").json()["status"] == "completed"
 
 
-def test_the_sweep_queues_again_only_batches_no_worker_has_touched_for_a_while(
+def test_the_sweep_queues_again_only_batches_no_worker_has_run_for_a_while(
         fleet: Any) -> None:
     from datetime import timedelta
 
@@ -304,11 +304,27 @@ def test_the_sweep_queues_again_only_batches_no_worker_has_touched_for_a_while(
     lost, busy, fresh, done = (create(c, file_id).json()["id"] for _ in range(4))
     long_ago = timezone.now() - timedelta(hours=1)
     Batch.objects.filter(pk__in=[lost, busy, done]).update(created_at=long_ago)
-    BatchLine.objects.filter(batch_id=busy, custom_id="a").update(
-        state=LineState.RUNNING, claimed_at=timezone.now(), worker="w")
     drive(done)
-    BatchLine.objects.filter(batch_id=lost, custom_id="a").update(
-        claimed_at=long_ago, state=LineState.DONE, finished_at=long_ago, result={})
+    Batch.objects.filter(pk=busy).update(last_run_at=timezone.now())
+    Batch.objects.filter(pk=lost).update(last_run_at=long_ago)
     fleet["sent"].clear()
     assert sweep() == {"requeued": 1}
     assert fleet["sent"] == [("batches.run_batch", (lost,), {})]
+
+
+def test_with_no_replica_to_send_to_a_batch_waits_without_spending_attempts(fleet: Any) -> None:
+    from controlplane.deployments.models import Replica, ReplicaState
+
+    c = client(fleet["acme"])
+    batch_id = create(c, upload(c, jsonl(line("a", "x"), line("b", "y"))).json()["id"]).json()["id"]
+    eu = Replica.objects.filter(region__jurisdiction__code="EU")
+    eu.update(state=ReplicaState.PROVISIONING)   # the US replica stays ready: not acme's to use
+    for _ in range(5):
+        assert services.process(batch_id, "w1", budget_s=5.0) == pytest.approx(0.05)
+    assert set(BatchLine.objects.filter(batch_id=batch_id).values_list("state", "attempts")) \
+        == {(LineState.QUEUED, 0)}
+    assert c.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress"
+    eu.update(state=ReplicaState.READY)
+    drive(batch_id)
+    assert c.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] == 2
+    assert sorted(fleet["eu"].prompts()) == ["x", "y"] and fleet["us"].prompts() == []
