@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "controlplane.scaling",
     "controlplane.batches",
     "controlplane.plans",
+    "controlplane.rollouts",
     "controlplane.costs",
     "controlplane.alerts",
     "controlplane.api",

@@ -14,6 +14,7 @@ looked up once, and scorers get them (and its load) aligned with the candidates.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -219,6 +220,51 @@ def prefix_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[flo
     if home >= 0 and scores[home] < HOME_SCORE:
         scores[home] = HOME_SCORE
     return scores
+
+
+# --- revision split ------------------------------------------------------------------------
+
+# A conversation's point in [0, 100) comes from its key (`revision_key`), the same for every
+# turn, so it stays on one revision and that revision's prefix caches.
+REVISION_POINTS = 10_000
+
+
+def revision_point(key: int) -> float:
+    """Where a prefix key falls in [0, 100): a multiply-xorshift of its CRC, the same on
+    every edge and in every process."""
+    value = (key & 0xFFFFFFFF) * 0x2C1B3C6D & 0xFFFFFFFF
+    value ^= value >> 15
+    value = value * 0x297A2D39 & 0xFFFFFFFF
+    value ^= value >> 15
+    return (value % REVISION_POINTS) * (100.0 / REVISION_POINTS)
+
+
+def pick_revision(shares: Sequence[tuple[str, float]], point: float) -> str:
+    """The revision whose slice of [0, 100) holds `point`, slices laid out in `shares` order
+    (newest revision first) and scaled to their total; a revision with share 0 has no slice."""
+    total = 0.0
+    for _, share in shares:
+        total += share
+    target = point * total / 100.0
+    cumulative = 0.0
+    chosen = ""
+    for revision, share in shares:
+        if share <= 0:
+            continue
+        chosen = revision
+        cumulative += share
+        if target < cumulative:
+            return revision
+    return chosen
+
+
+def revision_key(prefix: Sequence[int], prompt: bytes) -> int:
+    """The key a completion's revision is chosen by (a chat's is its `conversation_key`): its
+    affinity block (the prompt's first blocks), or for a prompt shorter than one block the CRC
+    of the whole prompt."""
+    if prefix:
+        return prefix[min(AFFINITY_BLOCKS, len(prefix)) - 1]
+    return zlib.crc32(prompt)
 
 
 # --- candidate sets ------------------------------------------------------------------------

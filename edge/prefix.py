@@ -67,6 +67,20 @@ def chat_prompt_text(messages: Sequence[object]) -> str | None:
     return "".join(parts)
 
 
+def conversation_key(messages: Sequence[object]) -> int | None:
+    """A chat conversation's identity: the CRC of its messages up to and including the first
+    user message (system prompt and opening question), which every later turn repeats and
+    which differs between conversations that share a system prompt. None for messages that
+    are not chat messages."""
+    first = len(messages)
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            first = i + 1
+            break
+    text = chat_prompt_text(messages[:first])
+    return None if text is None else zlib.crc32(text.encode())
+
+
 class PrefixIndex:
     """Which replicas were recently sent which prefix blocks; LRU over block keys."""
 

@@ -24,7 +24,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -33,8 +33,17 @@ from edge import errors, resume
 from edge.errors import ClientError
 from edge.health import ReplicaStats
 from edge.httpserver import HttpConnection, Request
-from edge.policy import CandidateSet, RouteRequest, candidate_set, pick_common, schedule_set
-from edge.prefix import block_keys, chat_prompt_text
+from edge.policy import (
+    CandidateSet,
+    RouteRequest,
+    candidate_set,
+    pick_common,
+    pick_revision,
+    revision_key,
+    revision_point,
+    schedule_set,
+)
+from edge.prefix import block_keys, chat_prompt_text, conversation_key
 from edge.table import Replica, RoutingTable, TenantRules
 from edge.upstream import HOP_BY_HOP, Listener, UpstreamConnection, UpstreamError
 from edge.usage import parsed_usage, reported_usage
@@ -55,6 +64,8 @@ FORWARDED_HEADERS = (b"accept", b"traceparent", b"tracestate")
 BYTES_PER_TOKEN = 4
 _NOTHING_TRIED: frozenset[str] = frozenset()
 MAX_REMEMBERED_KEYS = 4096
+# The candidate-set key of "every revision with a share" (a split model's fallback).
+ANY_REVISION = "*"
 
 
 class Exchange(Listener):
@@ -173,6 +184,13 @@ class Exchange(Listener):
         keys: list[int] = []
         if prefix_on and self.prompt_text:
             keys = block_keys(self.prompt_text)
+        if table.revisions:
+            shares = table.revisions.get(self.model)
+            if shares is not None:
+                messages = payload.get("messages") if self.chat else None
+                cset = self.cset = api.revision_candidates(
+                    table, tenant, self.model, self.tier, shares, keys, self.prompt_text,
+                    messages if isinstance(messages, list) else None)
         self.route = RouteRequest(self.model, self.tier, keys, self.prompt_tokens_est)
         self.head = api.upstream_head(request, self, len(self.body))
 
@@ -770,19 +788,47 @@ class ClientApi:
             cset, prefix_on)
 
     def candidates(self, table: RoutingTable, tenant: TenantRules, model: str,
-                   tier: str) -> CandidateSet:
-        """The table-level part of scheduling, computed once per table, tenant, model, tier."""
+                   tier: str, revision: str = "") -> CandidateSet:
+        """The table-level part of scheduling, computed once per table, tenant, model, tier
+        (and revision, for a model whose traffic is split: `ANY_REVISION` is every revision
+        with a share)."""
         edge = self.edge
         if edge.candidate_sets_version != table.version:
             edge.candidate_sets.clear()
             edge.candidate_sets_version = table.version
         # The tenant objects belong to the table, and the cache is cleared with it, so their
         # identity is a sound key (hashing the rules themselves would cost more than the rest).
-        key = (model, id(tenant), tier)
+        key = (model, id(tenant), tier, revision)
         cset = edge.candidate_sets.get(key)
         if cset is None:
-            cset = edge.candidate_sets[key] = candidate_set(table.models[model], tenant, tier,
+            replicas = table.models[model]
+            if revision == ANY_REVISION:
+                shared = {name for name, share in table.revisions.get(model, ()) if share > 0}
+                replicas = tuple(r for r in replicas if r.revision in shared)
+            elif revision:
+                replicas = tuple(r for r in replicas if r.revision == revision)
+            cset = edge.candidate_sets[key] = candidate_set(replicas, tenant, tier,
                                                             table.policy, model)
+        return cset
+
+    def revision_candidates(self, table: RoutingTable, tenant: TenantRules, model: str,
+                            tier: str, shares: Sequence[tuple[str, float]], keys: list[int],
+                            prompt: bytes, messages: list[Any] | None) -> CandidateSet:
+        """The candidates of the revision this conversation belongs to: chosen by its key
+        (`edge.policy.revision_key`), so every turn (and every edge) picks the same one; a
+        request with no prompt text draws at random. When that revision has no replica this
+        tenant and tier may use, any revision with a share takes it; a revision with share 0
+        never does."""
+        conversation = conversation_key(messages) if messages else None
+        if conversation is not None:
+            point = revision_point(conversation)
+        elif prompt:
+            point = revision_point(revision_key(keys or block_keys(prompt), prompt))
+        else:
+            point = self.edge.picker_state.rng.random() * 100.0
+        cset = self.candidates(table, tenant, model, tier, pick_revision(shares, point))
+        if not cset.replicas:
+            cset = self.candidates(table, tenant, model, tier, ANY_REVISION)
         return cset
 
     def upstream_head(self, request: Request, exchange: Exchange, length: int) -> bytes:

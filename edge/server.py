@@ -97,7 +97,7 @@ class Edge:
         self.limiter = TenantLimiter()
         self.prefix_index = PrefixIndex(config.prefix_index_blocks)
         self.picker_state = PickerState()
-        self.candidate_sets: dict[tuple[str, int, str], CandidateSet] = {}
+        self.candidate_sets: dict[tuple[str, int, str, str], CandidateSet] = {}
         self.candidate_sets_version = -1
         self.queue = CapacityQueue(config.max_queue)
         self.pool = UpstreamPool(config.connect_timeout_s, config.upstream_timeout_s,

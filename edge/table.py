@@ -10,7 +10,11 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
 
 - replica: `tier` ["interactive"], `tenant` (a replica dedicated to one tenant) [none],
   `weight` [1.0], `rtt_ms` [0], `usd_per_mtok` [null], `max_inflight` [64], `state`
-  ["ready"].
+  ["ready"], `revision` (the deployment revision it runs) [none].
+- model: `revisions` (`{"<revision id>": share}`, shares ≥ 0 with a positive total, read
+  as percentages of the model's new conversations) [none: every replica takes traffic as
+  before]. With it, every replica of the model names a listed `revision`; the edge sends a
+  conversation to one revision by its prefix key (`edge.policy.pick_revision`).
 - tenant: `regions` (narrows `jurisdictions` to these `cloud:region` keys) [[]],
   `models` [["*"]], `tier` ["interactive"], `resume_streams` (may a stream cut mid-way
   be resumed on another replica) [true].
@@ -168,6 +172,7 @@ class Replica:
     state: str = "ready"
     tier: str = "interactive"
     tenant: str | None = None
+    revision: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +261,10 @@ class RoutingTable:
     policy: Policy
     aliases: Mapping[str, Alias]
     document: Mapping[str, Any]
+    # Per model with a traffic split: (revision id, share) pairs, newest revision first
+    # (the highest id: a canary takes the low end of [0, 100), so growing its share never
+    # moves a conversation off it).
+    revisions: Mapping[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
 
     @property
     def replicas(self) -> list[Replica]:
@@ -328,7 +337,36 @@ def _replica(model: str, i: int, entry: Any) -> Replica:
         state=state,
         tier=tier,
         tenant=_get(entry, "tenant", "str", where, None),
+        revision=_get(entry, "revision", "str", where, None),
     )
+
+
+def revision_order(revision: str) -> tuple[int, str]:
+    """Sort key for revision ids, numeric ones by value."""
+    return (len(revision), revision) if revision.isdigit() else (1 << 30, revision)
+
+
+def _revisions(model: str, entry: Any, replicas: tuple[Replica, ...]
+               ) -> tuple[tuple[str, float], ...]:
+    where = f"models.{model}.revisions"
+    if not isinstance(entry, dict) or not entry:
+        raise TableError(f"{where} must be a non-empty object of revision shares", where)
+    shares: list[tuple[str, float]] = []
+    for revision, share in entry.items():
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not (
+                0 <= share <= 100):
+            raise TableError(f"{where}.{revision} must be a share within [0, 100], not "
+                             f"{share!r}", f"{where}.{revision}")
+        shares.append((revision, float(share)))
+    if not sum(share for _, share in shares) > 0:
+        raise TableError(f"{where}: at least one revision needs a share > 0", where)
+    for i, replica in enumerate(replicas):
+        if replica.revision is None or replica.revision not in entry:
+            raise TableError(f"models.{model}.replicas[{i}].revision must name one of "
+                             f"{sorted(entry)}, not {replica.revision!r}",
+                             f"models.{model}.replicas[{i}].revision")
+    shares.sort(key=lambda pair: revision_order(pair[0]), reverse=True)
+    return tuple(shares)
 
 
 def _tenant(key_hash: str, entry: Any) -> TenantRules:
@@ -449,6 +487,7 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         raise TableError("table.version must be ≥ 0", "version")
     models_doc = _get(document, "models", "object", "table", {})
     models: dict[str, tuple[Replica, ...]] = {}
+    revisions: dict[str, tuple[tuple[str, float], ...]] = {}
     for model, entry in models_doc.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("replicas", []), list):
             raise TableError(f"models.{model} must be {{\"replicas\": [...]}}", f"models.{model}")
@@ -457,6 +496,8 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         if len(set(ids)) != len(ids):
             raise TableError(f"models.{model} lists a replica id twice", f"models.{model}")
         models[model] = replicas
+        if entry.get("revisions") is not None:
+            revisions[model] = _revisions(model, entry["revisions"], replicas)
     tenants_doc = _get(document, "tenants", "object", "table", {})
     tenants = {key_hash: _tenant(key_hash, entry) for key_hash, entry in tenants_doc.items()}
     aliases_doc = _get(document, "aliases", "object", "table", {})
@@ -475,6 +516,7 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         policy=_policy(document.get("policy")),
         aliases=aliases,
         document=document,
+        revisions=revisions,
     )
 
 

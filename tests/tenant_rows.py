@@ -40,6 +40,31 @@ def replica(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
     return Replica.objects.create(deployment=deployment(fx, tenant), region=fx["fra"])
 
 
+def revision(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+    from controlplane.deployments.models import Deployment
+    from controlplane.deployments.services import stable_revision
+
+    row = deployment(fx, tenant)
+    assert isinstance(row, Deployment)
+    return stable_revision(row)
+
+
+def rollout(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+    from controlplane.deployments.models import Revision
+    from controlplane.rollouts.models import Rollout
+
+    stable = revision(fx, tenant)
+    assert isinstance(stable, Revision)
+    return Rollout.objects.create(deployment=stable.deployment, from_revision=stable,
+                                  to_revision=stable, steps=[100], bake_s=1)
+
+
+def rollout_step(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+    from controlplane.rollouts.models import RolloutStep
+
+    return RolloutStep.objects.create(rollout=rollout(fx, tenant), step=0, weight=100)
+
+
 def gpu_node(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
     from controlplane.telemetry.models import GpuNode
 
@@ -165,6 +190,9 @@ BUILDERS: dict[str, Builder] = {
     "core.AuditLog": _audit,
     "deployments.Deployment": deployment,
     "deployments.Replica": replica,
+    "deployments.Revision": revision,
+    "rollouts.Rollout": rollout,
+    "rollouts.RolloutStep": rollout_step,
     "placement.PlanChange": _plan_change,
     "provisioning.Operation": _operation,
     "telemetry.ReplicaSample": _replica_sample,

@@ -116,6 +116,15 @@ class Deployment(models.Model):
     # can be placed, else why not, in the solver's words (quota, a region down, …).
     placement_problem = models.TextField(blank=True, default="")
     placement_problem_since = models.DateTimeField(null=True, blank=True)
+    # Revisions (DESIGN §3): the one the deployment serves, and while a rollout is in
+    # progress the one it is trying with `canary_weight` % of the traffic (rollouts app).
+    stable_revision = models.ForeignKey(
+        "Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    canary_revision = models.ForeignKey(
+        "Revision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    canary_weight = models.PositiveSmallIntegerField(
+        default=0, validators=[MaxValueValidator(100)],
+        help_text="Share of new conversations (%) sent to the canary revision.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -128,7 +137,11 @@ class Deployment(models.Model):
             models.CheckConstraint(
                 condition=models.Q(min_replicas__lte=models.F("max_replicas")),
                 name="deployment_min_le_max_replicas",
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(canary_weight__lte=100),
+                name="deployment_canary_weight_le_100",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -138,6 +151,51 @@ class Deployment(models.Model):
     def placement_status(self) -> str:
         """placeable, or unplaceable (see placement_problem)."""
         return "unplaceable" if self.placement_problem else "placeable"
+
+
+class ImmutableError(Exception):
+    """A revision is never changed once written; a new one is made instead."""
+
+
+class Revision(models.Model):
+    """The engine-relevant settings of a deployment at one point, never updated: save()
+    refuses an existing row and a database trigger refuses UPDATE (migration 0005); rows go
+    only with their deployment. The served name is the deployment's, the same across its
+    revisions."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE,
+                                   related_name="revisions")
+    number = models.PositiveIntegerField(help_text="1, 2, … within the deployment.")
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="revisions")
+    vllm_version = models.CharField(max_length=32, blank=True, default="")
+    engine_args = models.JSONField(default=dict, blank=True)
+    tensor_parallel = models.PositiveSmallIntegerField(default=1,
+                                                       validators=[MinValueValidator(1)])
+    pipeline_parallel = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(16)])
+    preferred_gpu_type = models.ForeignKey(
+        "regions.GpuType", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    tenancy = Tenancy("deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["deployment_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "number"],
+                                               name="revision_number_unique")]
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise ImmutableError(f"revision {self.pk} is immutable; make a new revision")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def public_id(self) -> str:
+        return f"rev-{self.pk}"
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}@{self.number}"
 
 
 class ReplicaState(models.TextChoices):
@@ -165,6 +223,9 @@ class Replica(models.Model):
     state = models.CharField(
         max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING, db_index=True
     )
+    revision = models.ForeignKey(
+        Revision, null=True, blank=True, on_delete=models.SET_NULL, related_name="replicas",
+        help_text="The engine settings it was launched with; empty: the stable revision.")
     spot = models.BooleanField(default=False)
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

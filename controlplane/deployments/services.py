@@ -12,7 +12,7 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from controlplane.deployments.models import Deployment, Model, default_engine
+from controlplane.deployments.models import Deployment, Model, Revision, default_engine
 from regions.services import CatalogError, LoadReport, upsert
 
 # vLLM shards attention heads across tensor-parallel ranks inside one node.
@@ -158,3 +158,31 @@ def read_model_catalog(path: Path = MODEL_CATALOG_PATH) -> list[dict[str, Any]]:
     if not isinstance(entries, list):
         raise CatalogError(f"{path}: expected a list of models")
     return entries
+
+
+def stable_revision(deployment: Deployment) -> Revision:
+    """The deployment's stable revision; revision 1 from its current settings when it has
+    none yet (deployments made after the revisions migration get theirs here, on first use)."""
+    if deployment.stable_revision_id is not None:
+        return Revision.objects.get(pk=deployment.stable_revision_id)
+    with transaction.atomic():
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if locked.stable_revision_id is None:
+            number = (locked.revisions.order_by("-number").values_list("number", flat=True)
+                      .first() or 0) + 1
+            revision = Revision.objects.create(
+                deployment=locked, number=number, model_id=locked.model_id,
+                engine_args=engine_args_of(locked), tensor_parallel=locked.tensor_parallel,
+                pipeline_parallel=locked.pipeline_parallel)
+            Deployment.objects.filter(pk=locked.pk).update(stable_revision=revision)
+            deployment.stable_revision_id = revision.pk
+            return revision
+        deployment.stable_revision_id = locked.stable_revision_id
+        return Revision.objects.get(deployment=locked, pk=locked.stable_revision_id or 0)
+
+
+def engine_args_of(deployment: Deployment) -> dict[str, Any]:
+    """The engine arguments a revision records beyond model and TP/PP."""
+    return {"max_model_len": deployment.max_model_len,
+            "enable_prefix_caching": deployment.enable_prefix_caching,
+            "engine": deployment.engine}

@@ -21,6 +21,7 @@ from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.deployments.services import engine_args_of
 from controlplane.deployments.shape import replica_nodes
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.local import LocalProvider
@@ -111,6 +112,12 @@ def spec_for(replica: Replica) -> ReplicaSpec:
     deployment = replica.deployment
     offer = replica.offer
     tp, pp = deployment.tensor_parallel, deployment.pipeline_parallel
+    hf_id, args = deployment.model.hf_id, engine_args_of(deployment)
+    revision = replica.revision
+    if revision is not None and revision.pk != deployment.stable_revision_id:
+        # A canary: the revision's own settings (the stable one's are the deployment's).
+        tp, pp, hf_id = revision.tensor_parallel, revision.pipeline_parallel, revision.model.hf_id
+        args = {**args, **revision.engine_args}
     gpus = offer.gpus_per_node if offer else tp
     accelerator = offer.gpu_type.skypilot_name if offer else "H100"
     # The nodes the solver sized and costs bill. Nodes that cannot hold the layout (say, a
@@ -124,7 +131,7 @@ def spec_for(replica: Replica) -> ReplicaSpec:
     return ReplicaSpec(
         replica_id=replica.public_id,
         deployment=deployment.name,
-        model=deployment.model.hf_id,
+        model=hf_id,
         served_model_name=deployment.served_model_name,
         cloud=replica.region.cloud.skypilot_name or replica.region.cloud.name,
         region=replica.region.code,
@@ -134,9 +141,9 @@ def spec_for(replica: Replica) -> ReplicaSpec:
         use_spot=replica.spot,
         tensor_parallel=tp,
         pipeline_parallel=pp,
-        max_model_len=deployment.max_model_len,
-        enable_prefix_caching=deployment.enable_prefix_caching,
-        engine=deployment.engine,
+        max_model_len=int(args["max_model_len"]),
+        enable_prefix_caching=bool(args["enable_prefix_caching"]),
+        engine=str(args["engine"]),
     )
 
 

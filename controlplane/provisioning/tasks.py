@@ -10,7 +10,7 @@ from django.db import transaction
 
 from controlplane.core.locks import advisory_lock
 from controlplane.core.services import record_audit
-from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services
 from regions.models import Offer, Region
@@ -84,9 +84,10 @@ def refresh_offers_task(provider: str = "skypilot") -> dict[str, object]:
 @transaction.atomic
 def request_replicas(
     deployment: Deployment, region: Region, count: int, *, actor: str, reason: str,
-    spot: bool = False, offer: Offer | None = None,
+    spot: bool = False, offer: Offer | None = None, revision: Revision | None = None,
 ) -> list[Replica]:
-    """Create `count` pending replicas; their launch is enqueued once this commits."""
+    """Create `count` pending replicas; their launch is enqueued once this commits.
+    `revision`: the engine settings to launch (None: the deployment's stable ones)."""
     if offer is None:
         offer = (
             Offer.objects.filter(region=region, gpus_per_node__gte=deployment.tensor_parallel)
@@ -96,7 +97,7 @@ def request_replicas(
     for _ in range(count):
         replica = Replica.objects.create(
             deployment=deployment, region=region, offer=offer,
-            provider=services.provider_name_for(region), spot=spot,
+            provider=services.provider_name_for(region), spot=spot, revision=revision,
         )
         record_audit(actor, "replica.requested", replica, reason=reason,
                      changes={"region": region.key, "offer": str(offer) if offer else None})

@@ -41,6 +41,10 @@ class ReplicaView:
     max_inflight: int = 64
     tier: str = "interactive"
     tenant: str | None = None
+    # Set only while the replica's deployment splits its traffic between revisions (a
+    # rollout in progress): the replica's revision id, and each revision's share (%).
+    revision: str | None = None
+    revision_shares: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
     }
     if replica.tenant is not None:
         entry["tenant"] = replica.tenant
+    if replica.revision is not None:
+        entry["revision"] = replica.revision
     return entry
 
 
@@ -98,13 +104,23 @@ def compile_table(
     key_id: str,
 ) -> dict[str, Any]:
     """The unsigned table for `edge`; sign it with routing.signing.sign_table."""
-    models: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    models: dict[str, dict[str, Any]] = {}
     for replica in sorted(replicas, key=lambda r: (r.model, r.id)):
         if replica.state not in STATE_WEIGHT:
             continue
-        models.setdefault(replica.model, {"replicas": []})["replicas"].append(
-            replica_entry(edge, replica)
-        )
+        entry = models.setdefault(replica.model, {"replicas": []})
+        entry["replicas"].append(replica_entry(edge, replica))
+        if replica.revision_shares is not None:
+            # Revision weights: each revision's share of the model's new conversations.
+            shares = entry.setdefault("revisions", {})
+            for revision, share in replica.revision_shares.items():
+                shares[revision] = float(share)
+    for entry in models.values():
+        if "revisions" in entry:
+            # A replica outside the split (none should be) takes no new conversations.
+            for replica_entry_ in entry["replicas"]:
+                replica_entry_.setdefault("revision", "")
+                entry["revisions"].setdefault(replica_entry_["revision"], 0.0)
     tenants = {
         key.key_hash: {
             "tenant": key.tenant,

@@ -72,8 +72,22 @@ def replica_views() -> list[compiler.ReplicaView]:
             urls_by_region=data.get("urls_by_region", {}),
             tier=replica.deployment.tier,
             tenant=replica.deployment.tenant.name if replica.deployment.tenant is not None else None,
+            **revision_fields(replica),
         ))
     return views
+
+
+def revision_fields(replica: Replica) -> dict[str, Any]:
+    """The replica's revision and its deployment's revision shares, while the deployment
+    splits traffic (a rollout in progress); nothing otherwise, so tables stay as they were."""
+    deployment = replica.deployment
+    canary, stable = deployment.canary_revision_id, deployment.stable_revision_id
+    if canary is None or stable is None:
+        return {}
+    weight = float(deployment.canary_weight)
+    revision = replica.revision_id if replica.revision_id is not None else stable
+    return {"revision": str(revision),
+            "revision_shares": {str(stable): 100.0 - weight, str(canary): weight}}
 
 
 def key_views() -> list[compiler.TenantKeyView]:

@@ -167,6 +167,8 @@ NOT_SERVED = {
     "batches.BatchFile": "served to the tenant's inference key at /v1/files (tests/batches)",
     "batches.Batch": "served to the tenant's inference key at /v1/batches (tests/batches)",
     "batches.BatchLine": "read through a batch's output and error files",
+    "deployments.Revision": "read inside rollouts (from_revision, to_revision)",
+    "rollouts.RolloutStep": "read inside rollouts (step_rows)",
 }
 
 

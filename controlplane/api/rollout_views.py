@@ -1,0 +1,159 @@
+"""API for progressive rollouts: start one with a new revision's settings, then pause,
+resume, advance a step, promote or roll back. Every action is an audit event; an action the
+rollout's state does not allow answers 409 saying why."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.fields import DeploymentRefField
+from controlplane.core.models import Role
+from controlplane.core.services import principal_for
+from controlplane.deployments.models import Deployment, Model, Revision
+from controlplane.rollouts import services
+from controlplane.rollouts.models import Rollout, RolloutStep
+from regions.models import GpuType
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    model: serializers.SlugRelatedField[Model] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
+    preferred_gpu_type: serializers.SlugRelatedField[GpuType] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True)
+
+    class Meta:
+        model = Revision
+        fields = ["id", "number", "model", "vllm_version", "engine_args", "tensor_parallel",
+                  "pipeline_parallel", "preferred_gpu_type", "created_at"]
+        read_only_fields = fields
+
+
+class RolloutStepSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RolloutStep
+        fields = ["step", "weight", "started_at", "ended_at", "analysis", "decision"]
+        read_only_fields = fields
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    deployment = DeploymentRefField(read_only=True)
+    from_revision = RevisionSerializer(read_only=True)
+    to_revision = RevisionSerializer(read_only=True)
+    weight = serializers.IntegerField(read_only=True,
+                                      help_text="The canary revision's share now (%).")
+    step_rows = RolloutStepSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Rollout
+        fields = ["id", "deployment", "strategy", "state", "steps", "bake_s", "current_step",
+                  "weight", "from_revision", "to_revision", "reason", "created_by",
+                  "created_at", "started_at", "ended_at", "step_rows"]
+        read_only_fields = fields
+
+
+class StartRequest(serializers.Serializer):
+    deployment = DeploymentRefField(queryset=Deployment.objects.all())
+    steps = serializers.JSONField(required=False, help_text="Canary weights (%), increasing, "
+                                  "ending at 100. Default [5, 25, 50, 100].")
+    bake_s = serializers.JSONField(required=False, help_text="Seconds each step is held "
+                                   "(> 0). Default 300.")
+    model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all(),
+                                         required=False)
+    vllm_version = serializers.CharField(max_length=32, required=False, allow_blank=True)
+    engine_args = serializers.DictField(required=False)
+    tensor_parallel = serializers.IntegerField(min_value=1, max_value=16, required=False)
+    pipeline_parallel = serializers.IntegerField(min_value=1, max_value=16, required=False)
+    preferred_gpu_type = serializers.SlugRelatedField(
+        slug_field="name", queryset=GpuType.objects.all(), required=False)
+    reason = serializers.CharField(max_length=500, required=False, default="")
+
+
+class ActionRequest(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, default="")
+
+
+class RolloutViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                     viewsets.GenericViewSet):
+    """Every role reads rollouts; platform operators start and steer them."""
+
+    write_role = Role.OPERATOR
+    platform_only_writes = True
+    queryset = Rollout.objects.select_related(
+        "deployment", "from_revision__model", "to_revision__model",
+        "from_revision__preferred_gpu_type", "to_revision__preferred_gpu_type",
+    ).prefetch_related("step_rows")
+    serializer_class = RolloutSerializer
+    filterset_fields = ["state"]
+    ordering_fields = ["created_at"]
+
+    def _actor(self, request: Request) -> str:
+        return principal_for(request.user).username
+
+    def _answer(self, rollout_id: int, code: int = status.HTTP_200_OK) -> Response:
+        return Response(RolloutSerializer(self.get_queryset().get(pk=rollout_id)).data,
+                        status=code)
+
+    @extend_schema(request=StartRequest, responses={201: RolloutSerializer})
+    def create(self, request: Request) -> Response:
+        """A new revision of the deployment (settings not given: the stable revision's) and a
+        canary rollout of it at its first step."""
+        body = StartRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = dict(body.validated_data)
+        deployment = data.pop("deployment")
+        data.setdefault("steps", list(services.DEFAULT_STEPS))
+        data.setdefault("bake_s", 300)
+        try:
+            rollout = services.start(deployment, actor=self._actor(request), **data)
+        except services.RolloutInputError as exc:
+            return Response({exc.field: [str(exc)]}, status=status.HTTP_400_BAD_REQUEST)
+        except services.RolloutStateError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return self._answer(rollout.pk, status.HTTP_201_CREATED)
+
+    def _act(self, request: Request, step: Callable[..., Rollout]) -> Response:
+        body = ActionRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        rollout = self.get_object()
+        try:
+            step(rollout.pk, actor=self._actor(request), reason=body.validated_data["reason"])
+        except services.RolloutStateError as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return self._answer(rollout.pk)
+
+    @extend_schema(request=ActionRequest, responses=RolloutSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: Any = None) -> Response:
+        """Hold the current step (the canary keeps its weight)."""
+        return self._act(request, services.pause)
+
+    @extend_schema(request=ActionRequest, responses=RolloutSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: Any = None) -> Response:
+        return self._act(request, services.resume)
+
+    @extend_schema(request=ActionRequest, responses=RolloutSerializer)
+    @action(detail=True, methods=["post"])
+    def advance(self, request: Request, pk: Any = None) -> Response:
+        """The next step's weight."""
+        return self._act(request, services.advance)
+
+    @extend_schema(request=ActionRequest, responses=RolloutSerializer)
+    @action(detail=True, methods=["post"])
+    def promote(self, request: Request, pk: Any = None) -> Response:
+        """The new revision becomes the deployment's stable one."""
+        return self._act(request, services.promote)
+
+    @extend_schema(request=ActionRequest, responses=RolloutSerializer)
+    @action(detail=True, methods=["post"])
+    def rollback(self, request: Request, pk: Any = None) -> Response:
+        """Canary weight 0 at once; its replicas drained."""
+        return self._act(request, services.roll_back)

@@ -1,0 +1,87 @@
+"""Progressive rollouts of a deployment's new revision: canary steps, each a traffic weight
+held for a bake time, with the decision taken at its end."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from controlplane.core.tenancy import Tenancy, TenantQuerySet
+from controlplane.deployments.models import Deployment, Revision
+
+
+class Strategy(models.TextChoices):
+    CANARY = "canary", "Canary"
+
+
+class RolloutState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    PAUSED = "paused", "Paused"
+    PROMOTED = "promoted", "Promoted"
+    ROLLED_BACK = "rolled_back", "Rolled back"
+
+
+IN_PROGRESS = (RolloutState.PENDING, RolloutState.RUNNING, RolloutState.PAUSED)
+
+
+class Rollout(models.Model):
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="rollouts")
+    from_revision = models.ForeignKey(Revision, on_delete=models.PROTECT, related_name="+")
+    to_revision = models.ForeignKey(Revision, on_delete=models.PROTECT, related_name="+")
+    strategy = models.CharField(max_length=16, choices=Strategy.choices,
+                                default=Strategy.CANARY)
+    steps = models.JSONField(help_text="Canary weights (%), increasing, ending at 100.")
+    bake_s = models.PositiveIntegerField(validators=[MinValueValidator(1)],
+                                         help_text="How long each step is held (seconds).")
+    state = models.CharField(max_length=16, choices=RolloutState.choices,
+                             default=RolloutState.PENDING, db_index=True)
+    current_step = models.PositiveSmallIntegerField(default=0)
+    reason = models.TextField(blank=True, default="", help_text="Why it ended as it did.")
+    created_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    tenancy = Tenancy("deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # A deployment has at most one rollout in progress.
+            models.UniqueConstraint(
+                fields=["deployment"],
+                condition=models.Q(state__in=["pending", "running", "paused"]),
+                name="one_rollout_in_progress_per_deployment",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"rollout {self.pk} of {self.deployment_id} ({self.state})"
+
+    @property
+    def weight(self) -> int:
+        """The canary's current share (%): the current step's while in progress."""
+        if self.state in IN_PROGRESS and self.steps:
+            return int(self.steps[min(self.current_step, len(self.steps) - 1)])
+        return 100 if self.state == RolloutState.PROMOTED else 0
+
+
+class RolloutStep(models.Model):
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="step_rows")
+    step = models.PositiveSmallIntegerField()
+    weight = models.PositiveSmallIntegerField(validators=[MaxValueValidator(100)])
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    analysis = models.JSONField(default=dict, blank=True,
+                                help_text="The figures the decision was taken on.")
+    decision = models.CharField(max_length=32, blank=True, default="",
+                                help_text="advanced, paused, promoted, rolled_back; "
+                                          "empty while the step runs.")
+
+    tenancy = Tenancy("rollout__deployment__tenant", shared=True)
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["rollout_id", "step", "id"]

@@ -1,0 +1,231 @@
+"""Rollouts: a deployment's new revision tried on a growing share of its traffic.
+
+The traffic split lives on the deployment (`canary_revision`, `canary_weight`), which the
+routing compiler turns into revision weights in every edge's table; the edge keeps each
+conversation on one revision. Steps move forward by an operator's `advance`; there is no
+automatic analysis yet (docs/architecture.md, Rollouts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.core.services import record_audit
+from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
+from controlplane.deployments.models import Deployment, Model, Replica, Revision
+from controlplane.deployments.services import stable_revision
+from controlplane.provisioning.tasks import request_replicas
+from controlplane.rollouts.models import IN_PROGRESS, Rollout, RolloutState, RolloutStep
+from controlplane.scaling.services import retire_replica
+from regions.models import GpuType
+
+DEFAULT_STEPS = (5, 25, 50, 100)
+S = RolloutState
+
+
+class RolloutInputError(ValueError):
+    """Bad rollout settings; `field` names which."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RolloutStateError(Exception):
+    """The rollout's state does not allow the action; the message says why."""
+
+
+def check_steps(steps: Sequence[Any], bake_s: Any) -> list[int]:
+    if not isinstance(steps, (list, tuple)) or not steps:
+        raise RolloutInputError("steps", "steps must be a non-empty list of weights (%)")
+    weights: list[int] = []
+    for weight in steps:
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 0 < weight <= 100:
+            raise RolloutInputError("steps", f"each step is a whole percentage in (0, 100], "
+                                             f"not {weight!r}")
+        if weights and weight <= weights[-1]:
+            raise RolloutInputError("steps", f"weights must increase: {weight} after "
+                                             f"{weights[-1]}")
+        weights.append(weight)
+    if weights[-1] != 100:
+        raise RolloutInputError("steps", f"the last step must be 100, not {weights[-1]}")
+    if isinstance(bake_s, bool) or not isinstance(bake_s, int) or bake_s <= 0:
+        raise RolloutInputError("bake_s", f"bake_s must be a whole number of seconds > 0, "
+                                          f"not {bake_s!r}")
+    return weights
+
+
+def _set_split(deployment_id: int, revision: Revision | None, weight: int) -> None:
+    # update() skips post_save, so save() the row for routing's push trigger.
+    deployment = Deployment.objects.get(pk=deployment_id)
+    deployment.canary_revision = revision
+    deployment.canary_weight = weight
+    deployment.save(update_fields=["canary_revision", "canary_weight", "updated_at"])
+
+
+def _open_step(rollout: Rollout) -> RolloutStep:
+    return RolloutStep.objects.create(rollout=rollout, step=rollout.current_step,
+                                      weight=rollout.steps[rollout.current_step])
+
+
+def _close_step(rollout: Rollout, decision: str) -> None:
+    RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
+                               ended_at__isnull=True).update(ended_at=timezone.now(),
+                                                             decision=decision)
+
+
+@transaction.atomic
+def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_STEPS,
+          bake_s: Any = 300, model: Model | None = None, vllm_version: str | None = None,
+          engine_args: dict[str, Any] | None = None, tensor_parallel: int | None = None,
+          pipeline_parallel: int | None = None, preferred_gpu_type: GpuType | None = None,
+          reason: str = "") -> Rollout:
+    """A new revision (unset settings: the stable revision's) and a canary rollout of it at
+    its first step, with one canary replica asked for beside a live stable one."""
+    weights = check_steps(steps, bake_s)
+    locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    current = Rollout.objects.filter(deployment=locked, state__in=IN_PROGRESS).first()
+    if current is not None:
+        raise RolloutStateError(f"deployment {locked.name} already has rollout {current.pk} "
+                                f"in progress ({current.state}); finish or roll it back first")
+    stable = stable_revision(locked)
+    number = (locked.revisions.order_by("-number").values_list("number", flat=True).first()
+              or 0) + 1
+    revision = Revision.objects.create(
+        deployment=locked, number=number, model=model or stable.model,
+        vllm_version=stable.vllm_version if vllm_version is None else vllm_version,
+        engine_args={**stable.engine_args, **(engine_args or {})},
+        tensor_parallel=tensor_parallel or stable.tensor_parallel,
+        pipeline_parallel=pipeline_parallel or stable.pipeline_parallel,
+        preferred_gpu_type=preferred_gpu_type or stable.preferred_gpu_type,
+    )
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            rollout = Rollout.objects.create(
+                deployment=locked, from_revision=stable, to_revision=revision,
+                steps=weights, bake_s=bake_s, state=S.RUNNING, created_by=actor,
+                started_at=now)
+    except IntegrityError:
+        raise RolloutStateError(f"deployment {locked.name} already has a rollout in "
+                                "progress") from None
+    step = _open_step(rollout)
+    _set_split(locked.pk, revision, step.weight)
+    anchor = (Replica.objects.filter(deployment=locked, state__in=SERVING_STATES)
+              .select_related("region", "offer").order_by("id").first())
+    canaries = []
+    if anchor is not None:
+        canaries = request_replicas(locked, anchor.region, 1, actor=actor,
+                                    reason=f"canary of rollout {rollout.pk}",
+                                    offer=anchor.offer, revision=revision)
+    record_audit(actor, "rollout.started", rollout, reason=reason, changes={
+        "from_revision": stable.number, "to_revision": revision.number, "steps": weights,
+        "bake_s": bake_s, "weight": step.weight,
+        "canary_replicas": [r.public_id for r in canaries]})
+    return rollout
+
+
+def _locked(rollout_id: int) -> Rollout:
+    return Rollout.objects.select_for_update().select_related("deployment").get(pk=rollout_id)
+
+
+def _refuse(rollout: Rollout, action: str, allowed: Sequence[str]) -> None:
+    if rollout.state not in allowed:
+        raise RolloutStateError(f"rollout {rollout.pk} is {rollout.state}: {action} needs it "
+                                f"{' or '.join(allowed)}")
+
+
+@transaction.atomic
+def pause(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    """Hold the current step: the canary keeps its weight, steps stop moving."""
+    rollout = _locked(rollout_id)
+    _refuse(rollout, "pause", [S.RUNNING])
+    rollout.state = S.PAUSED
+    rollout.save(update_fields=["state"])
+    record_audit(actor, "rollout.paused", rollout, reason=reason,
+                 changes={"step": rollout.current_step, "weight": rollout.weight})
+    return rollout
+
+
+@transaction.atomic
+def resume(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    rollout = _locked(rollout_id)
+    _refuse(rollout, "resume", [S.PAUSED])
+    rollout.state = S.RUNNING
+    rollout.save(update_fields=["state"])
+    record_audit(actor, "rollout.resumed", rollout, reason=reason,
+                 changes={"step": rollout.current_step, "weight": rollout.weight})
+    return rollout
+
+
+@transaction.atomic
+def advance(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    """The next step's weight; at the last step (100) the rollout waits for promote."""
+    rollout = _locked(rollout_id)
+    _refuse(rollout, "advance", [S.RUNNING])
+    if rollout.current_step >= len(rollout.steps) - 1:
+        raise RolloutStateError(f"rollout {rollout.pk} is at its last step "
+                                f"({rollout.weight}%): promote it or roll it back")
+    _close_step(rollout, "advanced")
+    previous = rollout.weight
+    rollout.current_step += 1
+    rollout.save(update_fields=["current_step"])
+    step = _open_step(rollout)
+    _set_split(rollout.deployment_id, rollout.to_revision, step.weight)
+    record_audit(actor, "rollout.advanced", rollout, reason=reason,
+                 changes={"step": rollout.current_step, "weight": [previous, step.weight]})
+    return rollout
+
+
+@transaction.atomic
+def promote(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    """The new revision becomes stable: the deployment takes its settings (so replicas
+    launched from now on run it) and the split ends."""
+    rollout = _locked(rollout_id)
+    _refuse(rollout, "promote", [S.RUNNING, S.PAUSED])
+    _close_step(rollout, "promoted")
+    rollout.state = S.PROMOTED
+    rollout.ended_at = timezone.now()
+    rollout.reason = reason
+    rollout.save(update_fields=["state", "ended_at", "reason"])
+    revision = rollout.to_revision
+    deployment = Deployment.objects.get(pk=rollout.deployment_id)
+    args = revision.engine_args
+    deployment.stable_revision = revision
+    deployment.canary_revision = None
+    deployment.canary_weight = 0
+    deployment.model_id = revision.model_id
+    deployment.tensor_parallel = revision.tensor_parallel
+    deployment.pipeline_parallel = revision.pipeline_parallel
+    deployment.max_model_len = int(args.get("max_model_len", deployment.max_model_len))
+    deployment.enable_prefix_caching = bool(args.get("enable_prefix_caching",
+                                                     deployment.enable_prefix_caching))
+    deployment.save()
+    record_audit(actor, "rollout.promoted", rollout, reason=reason, changes={
+        "stable_revision": [rollout.from_revision.number, revision.number]})
+    return rollout
+
+
+@transaction.atomic
+def roll_back(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    """Canary weight 0 at once; the canary's replicas drained (launches not yet serving are
+    terminated)."""
+    rollout = _locked(rollout_id)
+    _refuse(rollout, "rollback", [S.RUNNING, S.PAUSED, S.PENDING])
+    _close_step(rollout, "rolled_back")
+    rollout.state = S.ROLLED_BACK
+    rollout.ended_at = timezone.now()
+    rollout.reason = reason
+    rollout.save(update_fields=["state", "ended_at", "reason"])
+    _set_split(rollout.deployment_id, None, 0)
+    canaries = list(Replica.objects.filter(revision=rollout.to_revision,
+                                           state__in=LIVE_STATES))
+    for replica in canaries:
+        retire_replica(replica, actor=actor, reason=f"rollout {rollout.pk} rolled back")
+    record_audit(actor, "rollout.rolled_back", rollout, reason=reason, changes={
+        "weight": 0, "retired": [r.public_id for r in canaries]})
+    return rollout
