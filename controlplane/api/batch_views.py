@@ -10,6 +10,7 @@ they stay out of the /api/ schema (and its fuzzing), which describes the operato
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
@@ -26,6 +27,7 @@ from controlplane.core.hashing import sha256_hex
 from controlplane.core.models import ApiKey
 
 View = Callable[..., HttpResponse]
+log = logging.getLogger(__name__)
 
 
 def error(message: str, status: int, *, param: str | None = None, code: str | None = None,
@@ -189,7 +191,10 @@ def batches(request: HttpRequest, key: ApiKey) -> HttpResponse:
     batch = services.create_batch(
         key.tenant, body.get("input_file_id"), body.get("endpoint"),
         body.get("completion_window"), body.get("metadata"), key.allowed_models)
-    tasks.run_batch.delay(batch.id)
+    try:
+        tasks.run_batch.delay(batch.id)
+    except Exception:  # the broker is away: the batch is stored, and the sweep will run it
+        log.warning("could not queue batch %s; batches.sweep will", batch.id, exc_info=True)
     return JsonResponse(batch_object(batch))
 
 

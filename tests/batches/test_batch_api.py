@@ -328,3 +328,17 @@ def test_with_no_replica_to_send_to_a_batch_waits_without_spending_attempts(flee
     drive(batch_id)
     assert c.get(f"/v1/batches/{batch_id}").json()["request_counts"]["completed"] == 2
     assert sorted(fleet["eu"].prompts()) == ["x", "y"] and fleet["us"].prompts() == []
+
+
+def test_a_batch_is_created_even_when_its_task_cannot_be_queued(
+        fleet: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from controlplane.batches.tasks import run_batch
+
+    def broker_away(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionRefusedError("redis is down")
+
+    monkeypatch.setattr(run_batch, "delay", broker_away)
+    c = client(fleet["acme"])
+    created = create(c, upload(c, jsonl(line("a", "x"))).json()["id"])
+    assert created.status_code == 200, created.content
+    assert Batch.objects.filter(pk=created.json()["id"], status="validating").exists()
