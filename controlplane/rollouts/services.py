@@ -2,8 +2,10 @@
 
 The traffic split lives on the deployment (`canary_revision`, `canary_weight`), which the
 routing compiler turns into revision weights in every edge's table; the edge keeps each
-conversation on one revision. Steps move forward by an operator's `advance`; there is no
-automatic analysis yet (docs/architecture.md, Rollouts).
+conversation on one revision. A running rollout's step, once baked, is judged by
+`analysis` (`check`, every 10 s): a failure rolls back at once, a pass moves to the next
+step; the last step waits for an operator's promote, and an operator may advance, pause,
+promote or roll back at any time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Model, Replica, Revision
 from controlplane.deployments.services import stable_revision
 from controlplane.provisioning.tasks import request_replicas
+from controlplane.rollouts import analysis
 from controlplane.rollouts.models import IN_PROGRESS, Rollout, RolloutState, RolloutStep
 from controlplane.scaling.services import retire_replica
 from regions.models import GpuType
@@ -72,10 +75,12 @@ def _open_step(rollout: Rollout) -> RolloutStep:
                                       weight=rollout.steps[rollout.current_step])
 
 
-def _close_step(rollout: Rollout, decision: str) -> None:
+def _close_step(rollout: Rollout, decision: str, figures: dict[str, Any] | None = None) -> None:
+    changes: dict[str, Any] = {"ended_at": timezone.now(), "decision": decision}
+    if figures is not None:
+        changes["analysis"] = figures
     RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
-                               ended_at__isnull=True).update(ended_at=timezone.now(),
-                                                             decision=decision)
+                               ended_at__isnull=True).update(**changes)
 
 
 @transaction.atomic
@@ -163,21 +168,23 @@ def resume(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
 
 
 @transaction.atomic
-def advance(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+def advance(rollout_id: int, *, actor: str, reason: str = "",
+            figures: dict[str, Any] | None = None) -> Rollout:
     """The next step's weight; at the last step (100) the rollout waits for promote."""
     rollout = _locked(rollout_id)
     _refuse(rollout, "advance", [S.RUNNING])
     if rollout.current_step >= len(rollout.steps) - 1:
         raise RolloutStateError(f"rollout {rollout.pk} is at its last step "
                                 f"({rollout.weight}%): promote it or roll it back")
-    _close_step(rollout, "advanced")
+    _close_step(rollout, "advanced", figures)
     previous = rollout.weight
     rollout.current_step += 1
     rollout.save(update_fields=["current_step"])
     step = _open_step(rollout)
     _set_split(rollout.deployment_id, rollout.to_revision, step.weight)
     record_audit(actor, "rollout.advanced", rollout, reason=reason,
-                 changes={"step": rollout.current_step, "weight": [previous, step.weight]})
+                 changes={"step": rollout.current_step, "weight": [previous, step.weight],
+                          **({"analysis": figures} if figures is not None else {})})
     return rollout
 
 
@@ -211,12 +218,13 @@ def promote(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
 
 
 @transaction.atomic
-def roll_back(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+def roll_back(rollout_id: int, *, actor: str, reason: str = "",
+              figures: dict[str, Any] | None = None) -> Rollout:
     """Canary weight 0 at once; the canary's replicas drained (launches not yet serving are
     terminated)."""
     rollout = _locked(rollout_id)
     _refuse(rollout, "rollback", [S.RUNNING, S.PAUSED, S.PENDING])
-    _close_step(rollout, "rolled_back")
+    _close_step(rollout, "rolled_back", figures)
     rollout.state = S.ROLLED_BACK
     rollout.ended_at = timezone.now()
     rollout.reason = reason
@@ -227,5 +235,52 @@ def roll_back(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
     for replica in canaries:
         retire_replica(replica, actor=actor, reason=f"rollout {rollout.pk} rolled back")
     record_audit(actor, "rollout.rolled_back", rollout, reason=reason, changes={
-        "weight": 0, "retired": [r.public_id for r in canaries]})
+        "weight": 0, "retired": [r.public_id for r in canaries],
+        **({"analysis": figures} if figures is not None else {})})
     return rollout
+
+
+ANALYST = "rollouts.analysis"
+
+
+def step_figures(rollout: Rollout, since: Any, until: Any) -> tuple[str, str, dict[str, Any]]:
+    """The step's verdict, why, and the figures it rests on."""
+    replicas = Replica.objects.filter(deployment_id=rollout.deployment_id)
+    canary_ids = list(replicas.filter(revision=rollout.to_revision).values_list("pk", flat=True))
+    stable_ids = list(replicas.exclude(revision=rollout.to_revision)
+                      .values_list("pk", flat=True))
+    canary = analysis.figures(canary_ids, since, until)
+    stable = analysis.figures(stable_ids, since, until)
+    verdict, why = analysis.judge(canary, stable)
+    return verdict, why, {
+        "window": [since.isoformat(), until.isoformat()], "verdict": verdict, "why": why,
+        "ttft_ratio_limit": analysis.TTFT_RATIO,
+        "canary": canary.as_dict(), "stable": stable.as_dict(),
+    }
+
+
+def check(now: Any = None) -> dict[str, str]:
+    """Judge each running rollout whose current step has baked: fail → rolled back, pass →
+    the next step (the last one waits for promote), no data → left as it is, the figures
+    kept on the step. Returns {rollout id: what was done}."""
+    now = now or timezone.now()
+    done: dict[str, str] = {}
+    for rollout in Rollout.objects.filter(state=S.RUNNING):
+        step = RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
+                                          ended_at__isnull=True).first()
+        if step is None or (now - step.started_at).total_seconds() < rollout.bake_s:
+            continue
+        verdict, why, figures = step_figures(rollout, step.started_at, now)
+        try:
+            if verdict == "fail":
+                roll_back(rollout.pk, actor=ANALYST, reason=why, figures=figures)
+                done[str(rollout.pk)] = "rolled_back"
+            elif verdict == "pass" and rollout.current_step < len(rollout.steps) - 1:
+                advance(rollout.pk, actor=ANALYST, reason=why, figures=figures)
+                done[str(rollout.pk)] = "advanced"
+            else:
+                RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
+                done[str(rollout.pk)] = verdict if verdict != "pass" else "awaiting_promote"
+        except RolloutStateError:
+            done[str(rollout.pk)] = "moved"  # an operator acted meanwhile
+    return done
