@@ -144,25 +144,26 @@ def _refuse(rollout: Rollout, action: str, allowed: Sequence[str]) -> None:
                                 f"{' or '.join(allowed)}")
 
 
-@transaction.atomic
 def pause(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
     """Hold the current step: the canary keeps its weight, steps stop moving."""
-    rollout = _locked(rollout_id)
-    _refuse(rollout, "pause", [S.RUNNING])
-    rollout.state = S.PAUSED
-    rollout.save(update_fields=["state"])
-    record_audit(actor, "rollout.paused", rollout, reason=reason,
-                 changes={"step": rollout.current_step, "weight": rollout.weight})
-    return rollout
+    return _hold_or_go(rollout_id, "pause", S.RUNNING, S.PAUSED, "rollout.paused",
+                       actor=actor, reason=reason)
+
+
+def resume(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    return _hold_or_go(rollout_id, "resume", S.PAUSED, S.RUNNING, "rollout.resumed",
+                       actor=actor, reason=reason)
 
 
 @transaction.atomic
-def resume(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+def _hold_or_go(rollout_id: int, action: str, from_state: str, to_state: str, event: str, *,
+                actor: str, reason: str) -> Rollout:
+    """Pause or resume: one state for another, the weight untouched, an audit event."""
     rollout = _locked(rollout_id)
-    _refuse(rollout, "resume", [S.PAUSED])
-    rollout.state = S.RUNNING
+    _refuse(rollout, action, [from_state])
+    rollout.state = to_state
     rollout.save(update_fields=["state"])
-    record_audit(actor, "rollout.resumed", rollout, reason=reason,
+    record_audit(actor, event, rollout, reason=reason,
                  changes={"step": rollout.current_step, "weight": rollout.weight})
     return rollout
 
