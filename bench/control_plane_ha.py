@@ -36,7 +36,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,15 +46,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from failover import Lab, _iso, api, free_edge_base, free_port, stop_lab  # noqa: E402
-
-from controlplane.lab.processes import die_with_parent  # noqa: E402
+from failover import Lab, _iso, api, free_port, stop_lab, wait_ready  # noqa: E402
+from failover import start_lab as failover_lab  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 CALM_REGION, DRILL_REGION = "local:us-virginia", "local:ap-tokyo"
@@ -74,58 +72,13 @@ def log(message: str) -> None:
 # -- the lab ----------------------------------------------------------------------------------
 
 def start_lab(var_dir: Path) -> Lab:
-    web, prometheus = free_port(), free_port()
-    edge_base = free_edge_base()
-    default_db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
-    name = f"meridian_bench_ha_{web}"
-    database_url = urlunsplit(urlsplit(default_db)._replace(path=f"/{name}"))
-    env = {**os.environ, "DATABASE_URL": database_url,
-           "REDIS_URL": os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + web % 15}"),
-           "MERIDIAN_BEAT_STALE_S": "60"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
-         str(var_dir), "--edge-port", str(edge_base), "--prometheus-port", str(prometheus),
-         "--replicas-per-region", "1", "--replicas-of-each", "2"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # A killed benchmark stops its lab (SIGTERM: the lab stops its processes and engines).
-        start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
-    token = None
-    deadline = time.monotonic() + 300
-    while token is None:
-        line = process.stdout.readline()  # type: ignore[union-attr]
-        if not line and process.poll() is not None:
-            raise RuntimeError("the lab exited while starting")
-        if time.monotonic() > deadline:
-            raise RuntimeError("the lab did not start in 300 s")
-        if "API token" in line:
-            token = line.split()[-1]
+    def relay(text: str) -> None:  # keep the lab's restarts visible
+        if "starting it again" in text or "exited" in text:
+            log("  lab: " + text.strip())
 
-    def relay() -> None:  # keep the lab's restarts visible; never block it on a full pipe
-        for text in process.stdout:  # type: ignore[union-attr]
-            if "starting it again" in text or "exited" in text:
-                log("  lab: " + text.strip())
-
-    threading.Thread(target=relay, daemon=True).start()
-    edges = {"local:eu-frankfurt": (f"http://127.0.0.1:{edge_base}",
-                                    f"http://127.0.0.1:{edge_base + 10}"),
-             "local:us-virginia": (f"http://127.0.0.1:{edge_base + 1}",
-                                   f"http://127.0.0.1:{edge_base + 11}")}
-    demo_key = (var_dir / "lab" / "demo-api-key").read_text().strip()
-    return Lab(process, f"http://127.0.0.1:{web}", token, demo_key, edges, name, database_url)
-
-
-def wait_ready(lab: Lab, replicas: int, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            rows = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
-                       lab.token)["results"]
-            if len(rows) >= replicas:
-                return
-        except (OSError, urllib.error.URLError, KeyError):
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"fewer than {replicas} replicas ready after {timeout_s:.0f} s")
+    return failover_lab(var_dir, replicas_per_region=1, name_prefix="meridian_bench_ha",
+                        start_timeout_s=300, on_line=relay,
+                        extra=["--prometheus-port", str(free_port()), "--replicas-of-each", "2"])
 
 
 def lab_children(lab: Lab) -> dict[str, list[int]]:

@@ -42,6 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,15 @@ class Lab:
     database_url: str
 
 
-def start_lab(var_dir: Path, engine: str = "enginesim") -> Lab:
+def start_lab(var_dir: Path, engine: str = "enginesim", *,
+              replicas_per_region: int | None = None, extra: Sequence[str] = (), name_prefix: str = "meridian_bench_failover",
+              start_timeout_s: float = 240, on_line: Callable[[str], None] | None = None) -> Lab:
+    """A lab of its own (database, Redis database, ports, var dir) that dies with this
+    process; `on_line` sees each line it prints once it is up (else its output is drained)."""
     web = free_port()
     edge_base = free_edge_base()
     default_db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
-    name = f"meridian_bench_failover_{web}"
+    name = f"{name_prefix}_{web}"
     database_url = urlunsplit(urlsplit(default_db)._replace(path=f"/{name}"))
     env = {**os.environ, "DATABASE_URL": database_url,
            "REDIS_URL": os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + web % 15}"),
@@ -119,22 +124,27 @@ def start_lab(var_dir: Path, engine: str = "enginesim") -> Lab:
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
          str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region",
-         str(REPLICAS_PER_REGION[engine]), "--engine", engine],
+         str(replicas_per_region or REPLICAS_PER_REGION[engine]), "--engine", engine, *extra],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # A killed benchmark stops its lab (SIGTERM: the lab stops its processes and engines).
         start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
     token = None
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + start_timeout_s
     while token is None:
         line = process.stdout.readline()  # type: ignore[union-attr]
         if not line and process.poll() is not None:
             raise RuntimeError("the lab exited while starting")
         if time.monotonic() > deadline:
-            raise RuntimeError("the lab did not start in 240 s")
+            raise RuntimeError(f"the lab did not start in {start_timeout_s:.0f} s")
         if "API token" in line:
             token = line.split()[-1]
-    # Drain the lab's output so that it never blocks on a full pipe.
-    threading.Thread(target=process.stdout.read, daemon=True).start()  # type: ignore[union-attr]
+
+    def drain() -> None:  # never let the lab block on a full pipe
+        for text in process.stdout:  # type: ignore[union-attr]
+            if on_line is not None:
+                on_line(text)
+
+    threading.Thread(target=drain, daemon=True).start()
     base = f"http://127.0.0.1:{web}"
     edges = {"local:eu-frankfurt": (f"http://127.0.0.1:{edge_base}",
                                     f"http://127.0.0.1:{edge_base + 10}"),
