@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+
+from tests import netns
 
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
@@ -89,6 +91,17 @@ def catalog(db):  # type: ignore[no-untyped-def]
         "eu": eu, "us": us, "aws": aws, "gcp": gcp, "fra": fra, "iad": iad, "ams": ams,
         "h100": h100, "l4": l4, "llama8b": llama8b,
     }
+
+
+@pytest.fixture
+def netns_lab() -> Iterator[netns.Lab]:
+    """Lab regions in network namespaces (tests/netns.py); skipped, saying why, where they
+    cannot be made."""
+    reason = netns.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with netns.lab() as made:
+        yield made
 
 
 SentTask = tuple[str, tuple[object, ...], dict[str, object]]

@@ -82,28 +82,32 @@ def start_vllm(*extra: str, cores: str | None = None, max_model_len: int = MAX_M
                                 start_new_session=True, preexec_fn=die_with_parent())
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, log)
+        wait_healthy(url, proc, log=log)
         yield RealEngine(url, SERVED, max_model_len, proc.pid, log)
     finally:
         stop(proc)
         log.unlink(missing_ok=True)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None,
+                 timeout_s: float = START_TIMEOUT_S, log: Path | None = None,
+                 every_s: float = 0.25) -> None:
+    """Until an engine (vLLM or enginesim) answers /health with 200; raises, with the end
+    of its log when one is given, if it exits first or the time runs out."""
+    tail = (lambda: f"; its log ends:\n{log_tail(log)}") if log is not None else (lambda: "")
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with status {proc.returncode}; its log ends:\n"
-                               f"{log_tail(log)}")
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the engine at {url} exited with status {proc.returncode}"
+                               f"{tail()}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
                     return
         except OSError:
             pass
-        time.sleep(0.25)
-    raise TimeoutError(f"vLLM at {url} was not healthy within {START_TIMEOUT_S:.0f} s; its "
-                       f"log ends:\n{log_tail(log)}")
+        time.sleep(every_s)
+    raise TimeoutError(f"the engine at {url} was not healthy within {timeout_s:.0f} s{tail()}")
 
 
 def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 
 from controlplane.lab.processes import die_with_parent
-from tests.real_engine import start_vllm
+from tests.real_engine import start_vllm, wait_healthy
 
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIM_SERVED = "llama-3.1-8b"
@@ -78,20 +77,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the engine exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{url} did not become healthy in {timeout_s} s")
-
-
 ENGINES = [name.strip() for name in
            os.environ.get("MERIDIAN_CONTRACT_ENGINES", "enginesim,vllm").split(",")
            if name.strip()]
@@ -133,7 +118,7 @@ def enginesim_engine() -> Iterator[Engine]:
                             stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, timeout_s=30, every_s=0.05)
         yield Engine(url, SIM_SERVED, SIM_MAX_MODEL_LEN, True)
     finally:
         proc.terminate()

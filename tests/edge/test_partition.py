@@ -12,11 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab.processes import die_with_parent
@@ -28,15 +26,6 @@ from .helpers import free_port, running_edge, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FAR_KM = 1000.0  # Frankfurt to London, about
-
-
-@pytest.fixture
-def lab() -> Iterator[netns.Lab]:
-    reason = netns.why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with netns.lab() as made:
-        yield made
 
 
 def _enginesim(argv_prefix: list[str], host: str, port: int) -> subprocess.Popen[bytes]:
@@ -65,8 +54,8 @@ class Outcome:
 
 def test_a_partitioned_replica_is_ejected_and_no_unstarted_request_fails(
         signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory,
-        lab: netns.Lab) -> None:
-    region = lab.region(one_way_ms(FAR_KM))
+        netns_lab: netns.Lab) -> None:
+    region = netns_lab.region(one_way_ms(FAR_KM))
     far_port, near_port = free_port(), free_port()
     far_url, near_url = f"http://{region.address}:{far_port}", f"http://127.0.0.1:{near_port}"
     far = _enginesim(["ip", "netns", "exec", region.name], region.address, far_port)
@@ -133,7 +122,7 @@ def test_a_partitioned_replica_is_ejected_and_no_unstarted_request_fails(
                       f" {len(caught)} streams of the far replica under way at the partition, "
                       f"{sum(o.done for o in caught)} of them finished (resumed), {cut} cut, "
                       f"retries {edge.edge.metrics.retries.get(('sim',))}, "
-                      f"netem {'yes' if lab.netem else 'no (link down)'}")
+                      f"netem {'yes' if netns_lab.netem else 'no (link down)'}")
                 assert edge.edge.metrics.ejections.get(("far",)) >= 1
 
         asyncio.run(scenario())

@@ -9,21 +9,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from regions.geo import one_way_ms
 from tests import netns
-
-
-@pytest.fixture
-def lab() -> Iterator[netns.Lab]:
-    reason = netns.why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    with netns.lab() as made:
-        yield made
 
 
 def _listener_in(region: netns.Region, port: int) -> subprocess.Popen[bytes]:
@@ -42,8 +32,8 @@ def _names() -> str:
             + subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout)
 
 
-def test_a_partition_drops_packets_and_refuses_nothing(lab: netns.Lab) -> None:
-    region = lab.region()
+def test_a_partition_drops_packets_and_refuses_nothing(netns_lab: netns.Lab) -> None:
+    region = netns_lab.region()
     server = _listener_in(region, 9100)
     try:
         held = socket.create_connection((region.address, 9100), timeout=5)
@@ -65,12 +55,12 @@ def test_a_partition_drops_packets_and_refuses_nothing(lab: netns.Lab) -> None:
         server.wait()
 
 
-def test_netem_delays_each_direction_by_the_fibre_distance(lab: netns.Lab) -> None:
+def test_netem_delays_each_direction_by_the_fibre_distance(netns_lab: netns.Lab) -> None:
     reason = netns.netem_missing()
     if reason:
         pytest.skip(reason)
     km = 2000.0  # about Frankfurt to Madrid
-    region = lab.region(one_way_ms(km))
+    region = netns_lab.region(one_way_ms(km))
     server = _listener_in(region, 9101)
     try:
         # A connect is one round trip; netem holds every packet at least its delay.

