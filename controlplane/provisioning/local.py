@@ -68,11 +68,10 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    fields = proc_stat(pid)
+    if fields is None:
         return True
-    if state == "Z":
+    if fields[0] == "Z":
         try:
             os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
         except ChildProcessError:
@@ -90,13 +89,22 @@ def process_cmdline(pid: int) -> list[str] | None:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part] or None
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields or None
+
+
 def process_started(pid: int) -> int | None:
     """When the kernel started the process (clock ticks since boot), or None when it is gone.
     It stays the same across exec, unlike the command line (tools/vllm-cpu execs Python)."""
+    fields = proc_stat(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+        return int(fields[19]) if fields is not None else None
+    except (IndexError, ValueError):
         return None
 
 
