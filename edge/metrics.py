@@ -143,6 +143,20 @@ class EdgeMetrics:
         self.itl = r.add(Histogram(
             "meridian_edge_inter_token_latency_seconds", "Between successive stream writes to "
             "the client.", ("model",)))
+        # While a model's traffic is split between revisions (a rollout), the same three
+        # again by revision: what a rollout's analysis compares.
+        self.revision_requests = r.add(Counter(
+            "meridian_edge_revision_requests_total", "Client requests of a model split "
+            "between revisions, by the revision of the replica that answered, and HTTP status.",
+            ("model", "revision", "status")))
+        self.revision_ttft = r.add(Histogram(
+            "meridian_edge_revision_time_to_first_token_seconds", "Time to first token of a "
+            "split model's requests, by the answering replica's revision.",
+            ("model", "revision")))
+        self.revision_itl = r.add(Histogram(
+            "meridian_edge_revision_inter_token_latency_seconds", "Inter-token latency of a "
+            "split model's streams, by the answering replica's revision.",
+            ("model", "revision")))
         self.tokens = r.add(Counter(
             "meridian_edge_tokens_total", "Tokens as reported by engines (estimated for "
             "streams without usage), by model, replica region and tenant.",

@@ -1,7 +1,8 @@
 """The client API: authenticate, check, rate-limit, schedule, forward, stream back, account.
 
 `ClientApi.handle` answers `/v1/models`, `/v1/chat/completions`, `/v1/completions` and
-`/healthz` on the client listener. A completion is an `Exchange`: a small state machine
+`/healthz` on the client listener, and forwards the Files and Batches API to the control
+plane (`edge.batch_forward`). A completion is an `Exchange`: a small state machine
 driven by callbacks from the client connection and from the upstream connection, with no
 task of its own unless it has to wait (for a new upstream connection, or for capacity).
 
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from edge import errors, resume
+from edge.batch_forward import BatchApi, forwarded
 from edge.errors import ClientError
 from edge.health import ReplicaStats
 from edge.httpserver import HttpConnection, Request
@@ -86,6 +88,9 @@ class Exchange(Listener):
     head = b""
     body = b""
     replica: Replica | None = None
+    # (model, revision) of the replica sending the answer, for a model whose traffic is split
+    # between revisions: what the edge's per-revision metrics are labelled with.
+    revision_labels: tuple[str, str] | None = None
     stats: ReplicaStats | None = None  # set while this request holds a slot on the replica
     upstream: UpstreamConnection | None = None
     tried: set[str] | None = None
@@ -191,6 +196,11 @@ class Exchange(Listener):
                 cset = self.cset = api.revision_candidates(
                     table, tenant, self.model, self.tier, shares, keys, self.prompt_text,
                     messages if isinstance(messages, list) else None)
+                # Counted against its revision even if no replica of it can take it (all
+                # ejected: the edge's own 503); `send_to` labels by the replica that answers.
+                revision = cset.replicas[0].revision if cset.replicas else None
+                if revision is not None:
+                    self.revision_labels = (self.model, revision)
         self.route = RouteRequest(self.model, self.tier, keys, self.prompt_tokens_est)
         self.head = api.upstream_head(request, self, len(self.body))
 
@@ -265,6 +275,8 @@ class Exchange(Listener):
         if route is not None and route.prefix:
             edge.prefix_index.record(route.prefix, replica.id)
         self.replica = replica
+        revision = replica.revision
+        self.revision_labels = None if revision is None else (self.model, revision)
         stats = edge.stats.get(replica.id)
         if stats is None:
             stats = edge.stats[replica.id] = ReplicaStats()
@@ -335,7 +347,7 @@ class Exchange(Listener):
                         return
                     kept.append(data)
                 now = time.perf_counter()
-                self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
+                self.observe_itl(now - self.last_byte_at)
                 self.last_byte_at = now
                 self.events += data.count(b"\n\n")
                 self.prev_chunk, self.last_chunk = self.last_chunk, data
@@ -399,16 +411,23 @@ class Exchange(Listener):
             resume.first_leg(self, data, True)  # a stream's end: was it whole?
             return
         if data:
-            self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
+            self.observe_itl(now - self.last_byte_at)
             self.events += data.count(b"\n\n")
             self.prev_chunk, self.last_chunk = self.last_chunk, data
         self.end_relay(data)
+
+    def observe_itl(self, gap: float) -> None:
+        metrics = self.edge.metrics
+        metrics.itl.observe((self.model,), gap)
+        labels = self.revision_labels
+        if labels is not None:
+            metrics.revision_itl.observe(labels, gap)
 
     def pass_on(self, data: bytes) -> None:
         """Relay whole stream events (`edge.resume`): what the fast path does."""
         now = time.perf_counter()
         if self.events:
-            self.edge.metrics.itl.observe((self.model,), now - self.last_byte_at)
+            self.observe_itl(now - self.last_byte_at)
         self.last_byte_at = now
         self.events += data.count(b"\n\n")
         self.prev_chunk, self.last_chunk = self.last_chunk, data
@@ -604,6 +623,7 @@ class ClientApi:
         # are not aliases, valid for `routes_table` (whose tenant objects make the ids sound).
         self.routes: dict[tuple[int, str, bytes | None], tuple[CandidateSet, bool]] = {}
         self.routes_table: RoutingTable | None = None
+        self.batch_api = BatchApi(edge)
 
     def handle(self, request: Request, conn: HttpConnection) -> Coroutine[Any, Any, None] | None:
         path = request.path
@@ -621,6 +641,9 @@ class ClientApi:
             conn.respond(200 if table else 503, orjson.dumps(
                 {"status": "ok" if table else "no_table",
                  "table_version": table.version if table else None}))
+        elif forwarded(path):
+            forward = self.batch_api.handle(request, conn)
+            return forward.run() if forward is not None else None
         else:
             conn.respond(404, ClientError(404, f"Unknown path {path}.", code="not_found").body())
         return None
@@ -864,6 +887,11 @@ class ClientApi:
         if ttft is not None:
             metrics.ttft.observe((model,), ttft)
             metrics.overhead.observe((), exchange.overhead_s)
+        labels = exchange.revision_labels
+        if labels is not None:
+            metrics.revision_requests.inc((labels[0], labels[1], status))
+            if ttft is not None:
+                metrics.revision_ttft.observe(labels, ttft)
         if exchange.prompt_tokens or exchange.completion_tokens:
             metrics.tokens.inc((model, region, tenant, "prompt"), exchange.prompt_tokens)
             metrics.tokens.inc((model, region, tenant, "completion"), exchange.completion_tokens)

@@ -207,3 +207,60 @@ def test_a_revision_without_a_usable_replica_hands_its_share_to_the_others(
     run(scenario())
 
 
+
+
+def test_the_edge_counts_requests_ttft_and_itl_by_the_answering_revision(
+        signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory) -> None:
+    """A failing canary's 5xx (its own, then the edge's once it is ejected) are counted
+    against its revision, the stable revision's answers and stream gaps against its own; an
+    unsplit model gets no revision series."""
+    async def scenario() -> None:
+        engines = [FakeEngine("m") for _ in range(3)]
+        engines[2].behaviour.status = 500  # the canary fails everything
+        for engine in engines[:2]:
+            engine.behaviour.event_gap_s = 0.002  # events in reads of their own
+        plain = FakeEngine("plain")
+        for engine in [*engines, plain]:
+            await engine.start()
+        try:
+            table = split_table(make_table, 50.0)
+            for entry, engine in zip(table["models"]["m"]["replicas"], engines, strict=True):
+                entry["url"] = engine.url
+            table["models"]["plain"] = {"replicas": [replica("p", plain.url)]}
+            async with running_edge(signing_key, state_dir) as edge:
+                status, body = await edge.push(table, signing_key)
+                assert status == 200, body
+                got: Counter[tuple[str, int]] = Counter()
+                for i in range(60):
+                    response = await edge.chat("m", messages=conversation(i), stream=True)
+                    served = response.headers.get("x-meridian-replica", "")
+                    await response.read()
+                    on_canary = pick_revision(parse_table_shares(50.0),
+                                              point_of(conversation(i))) == CANARY
+                    assert served == ("canary" if on_canary and response.status == 500
+                                      else "" if on_canary else served)
+                    got[(CANARY if on_canary else STABLE, response.status)] += 1
+                response = await edge.chat("plain")
+                await response.read()
+                async with edge.session.get(edge.admin_url + "/metrics") as answer:
+                    text = await answer.text()
+        finally:
+            for engine in [*engines, plain]:
+                await engine.stop()
+        assert got[(CANARY, 500)] > 0 and got[(CANARY, 503)] > 0 and got[(STABLE, 200)] > 0
+        assert set(got) == {(CANARY, 500), (CANARY, 503), (STABLE, 200)}
+        lines = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                     if line.startswith("meridian_edge_revision_"))
+        for (revision, status), n in got.items():
+            assert float(lines['meridian_edge_revision_requests_total{model="m",revision="'
+                               f'{revision}",status="{status}"}}']) == n
+        # TTFT for every answer a replica sent; inter-token gaps only for the stable
+        # revision's streams.
+        for revision, n in ((STABLE, got[(STABLE, 200)]), (CANARY, got[(CANARY, 500)])):
+            assert float(lines['meridian_edge_revision_time_to_first_token_seconds_count'
+                               f'{{model="m",revision="{revision}"}}']) == n
+        assert float(lines['meridian_edge_revision_inter_token_latency_seconds_count'
+                           f'{{model="m",revision="{STABLE}"}}']) > got[(STABLE, 200)]
+        assert not any('model="plain"' in key for key in lines)
+
+    run(scenario())
