@@ -35,7 +35,7 @@ from controlplane.provisioning.base import ProviderError, ProviderHandle
 from controlplane.provisioning.skypilot import SkyPilotProvider
 from controlplane.provisioning.skypilot_task import cluster_name_for
 
-from .skypilot_stall_policy import STALL_ENV
+from .skypilot_stall_policy import LAUNCH_STALL_ENV, STALL_ENV
 from .test_skypilot import spec
 
 pytestmark = pytest.mark.skypilot_server
@@ -340,9 +340,13 @@ def test_a_launch_that_overruns_its_time_limit_is_cancelled_on_the_server(sky) -
 
 
 def test_terminate_cancels_a_launch_still_running_on_the_server(sky) -> None:  # type: ignore[no-untyped-def]
-    s = spec(replica_id="r-cancelled", cloud=CLOUD, region=REGION, env={STALL_ENV: "3"})
+    # The server holds the launch 60 s once it runs (it would then fail for want of
+    # credentials): far longer than terminate takes on a loaded machine, so the launch is
+    # still in flight when terminate comes, and cancelling it ends the hold.
+    s = spec(replica_id="r-cancelled", cloud=CLOUD, region=REGION,
+             env={STALL_ENV: "0", LAUNCH_STALL_ENV: "60"})
     sky_provider = provider()
-    handle = sky_provider.launch(s)  # the server holds it ~3 s more once it runs
+    handle = sky_provider.launch(s)
     request_id = handle.data["launch_request"]
     sky_provider.terminate(handle)
     (payload,) = sky.api_status(request_ids=[request_id])
