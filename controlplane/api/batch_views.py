@@ -20,7 +20,7 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.batches import services, tasks
+from controlplane.batches import audit, services, tasks
 from controlplane.batches.models import Batch, BatchFile, FilePurpose
 from controlplane.batches.services import BatchError
 from controlplane.core.hashing import sha256_hex
@@ -46,7 +46,7 @@ def _key(request: HttpRequest) -> ApiKey | None:
 
 def inference_api(methods: tuple[str, ...]) -> Callable[[View], View]:
     """Checks the method and the key, passes the key on, answers BatchError in OpenAI's
-    shape."""
+    shape. What the view changes is audited as the key's (`audit.api_actor`)."""
 
     def wrap(view: View) -> View:
         @csrf_exempt
@@ -59,7 +59,10 @@ def inference_api(methods: tuple[str, ...]) -> Callable[[View], View]:
             if key is None:
                 return error("Incorrect API key provided.", 401, code="invalid_api_key")
             try:
-                return view(request, key, *args, **kwargs)
+                if request.method == "GET":  # reads change nothing
+                    return view(request, key, *args, **kwargs)
+                with audit.acting_as(audit.api_actor(key.tenant.name, key.name)):
+                    return view(request, key, *args, **kwargs)
             except BatchError as exc:
                 return error(exc.message, exc.status, param=exc.param, code=exc.code,
                              kind=exc.kind)
