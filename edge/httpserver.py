@@ -14,6 +14,11 @@ Keep-alive and pipelining (answered in order), chunked request bodies,
 `Expect: 100-continue`, limits on head and body size (431, 413), write backpressure handed
 to whatever produces the body (`set_producer`), and a close hook (`on_close`) through which a
 handler learns that the client went away.
+
+Requests whose path the server's `streamed` predicate accepts (file uploads forwarded to the
+control plane) are handed to the handler as soon as their head is read, with a `BodyStream`
+in place of the body: its bytes go to the handler as they arrive, up to `max_streamed_body`,
+and the client's reads pause while the handler says it cannot take more.
 """
 
 from __future__ import annotations
@@ -78,12 +83,64 @@ class _DateCache:
 DATE = _DateCache()
 
 
+class BodyStream:
+    """A request body still arriving. The consumer gets each piece (`on_data`) and the end
+    (`on_end`); pieces that arrive before there is one are kept for it. `pause`/`resume`
+    stop and restart reading the client's socket (backpressure from a slower destination)."""
+
+    __slots__ = ("_conn", "_held", "_ended", "_on_data", "_on_end", "received")
+
+    def __init__(self, conn: HttpConnection) -> None:
+        self._conn = conn
+        self._held: list[bytes] = []
+        self._ended = False
+        self._on_data: Callable[[bytes], None] | None = None
+        self._on_end: Callable[[], None] | None = None
+        self.received = 0
+
+    def consume(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        self._on_data = on_data
+        self._on_end = on_end
+        held, self._held = self._held, []
+        for piece in held:
+            on_data(piece)
+        if self._ended:
+            on_end()
+
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+        if self._on_data is None:
+            self._held.append(data)
+        else:
+            self._on_data(data)
+
+    def end(self) -> None:
+        self._ended = True
+        if self._on_end is not None:
+            self._on_end()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def pause(self) -> None:
+        transport = self._conn.transport
+        if transport is not None and not self._ended:
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        transport = self._conn.transport
+        if transport is not None:
+            transport.resume_reading()
+
+
 class Request:
     __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "received_at",
-                 "peer")
+                 "peer", "stream")
 
     def __init__(self, method: str, path: str, query: str, headers: dict[bytes, bytes],
-                 body: bytes, keep_alive: bool, received_at: float, peer: str) -> None:
+                 body: bytes, keep_alive: bool, received_at: float, peer: str,
+                 stream: BodyStream | None = None) -> None:
         self.method = method
         self.path = path
         self.query = query
@@ -92,6 +149,7 @@ class Request:
         self.keep_alive = keep_alive
         self.received_at = received_at  # perf_counter() when the last body byte arrived
         self.peer = peer
+        self.stream = stream  # the body as it arrives, for a streamed path (body is b"")
 
 
 Handler = Callable[[Request, "HttpConnection"], Coroutine[Any, Any, None] | None]
@@ -124,6 +182,7 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._rejected = False
+        self._stream: BodyStream | None = None  # the body of a streamed request, arriving
         self._pending: deque[Request] = deque()
         self._busy = False  # a request is being answered
         self._task: asyncio.Task[None] | None = None
@@ -209,16 +268,41 @@ class HttpConnection(asyncio.Protocol):
         self._in_body = True
         if self._rejected:
             return
+        streamed = self.server.streamed
+        limit = self.max_body
+        if streamed is not None and not self._busy and not self._pending:
+            qmark = self._url.find(b"?")
+            if streamed((self._url if qmark < 0 else self._url[:qmark]).decode("utf-8",
+                                                                               "replace")):
+                limit = self.server.max_streamed_body
+                self._stream = BodyStream(self)
         length = self._headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            self._reject(413, f"request body over {self.max_body} bytes")
+        if length is not None and length.isdigit() and int(length) > limit:
+            self._stream = None
+            self._reject(413, f"request body over {limit} bytes")
             return
         expect = self._headers.get(b"expect")
         if expect is not None and expect.lower() == b"100-continue" and self.transport:
             self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self._stream is not None:
+            self._start(self._request(b"", self._stream))
 
     def on_body(self, body: bytes) -> None:
         if self._rejected:
+            return
+        stream = self._stream
+        if stream is not None:
+            if stream.received + len(body) > self.server.max_streamed_body:
+                # The handler is already answering: the connection ends instead (its close
+                # hook tells the handler, which drops what it forwarded).
+                self._stream = None
+                self._rejected = True
+                log.warning("streamed request body over %d bytes; closing",
+                            self.server.max_streamed_body)
+                if self.transport is not None:
+                    self.transport.abort()
+                return
+            stream.feed(body)
             return
         self._body_size += len(body)
         if self._body_size > self.max_body:
@@ -232,16 +316,13 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes = 0
         if self._rejected:
             return
-        parser = self._parser
-        url = self._url
-        qmark = url.find(b"?")
-        path, query = (url, b"") if qmark < 0 else (url[:qmark], url[qmark + 1:])
+        stream = self._stream
+        if stream is not None:
+            self._stream = None
+            stream.end()
+            return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        request = Request(
-            parser.get_method().decode(), path.decode("utf-8", "replace"),
-            query.decode("utf-8", "replace"), self._headers, body,
-            parser.should_keep_alive(), time.perf_counter(), self.peer,
-        )
+        request = self._request(body, None)
         if not self._busy:
             self._start(request)
         else:
@@ -249,6 +330,17 @@ class HttpConnection(asyncio.Protocol):
             if len(self._pending) >= MAX_PIPELINED and self.transport and not self._reading_paused:
                 self._reading_paused = True
                 self.transport.pause_reading()
+
+    def _request(self, body: bytes, stream: BodyStream | None) -> Request:
+        parser = self._parser
+        url = self._url
+        qmark = url.find(b"?")
+        path, query = (url, b"") if qmark < 0 else (url[:qmark], url[qmark + 1:])
+        return Request(
+            parser.get_method().decode(), path.decode("utf-8", "replace"),
+            query.decode("utf-8", "replace"), self._headers, body,
+            parser.should_keep_alive(), time.perf_counter(), self.peer, stream,
+        )
 
     # --- request dispatch ---------------------------------------------------------------
 
@@ -300,6 +392,11 @@ class HttpConnection(asyncio.Protocol):
         self.on_close = None
         self._busy = False
         self.server.busy.discard(self)
+        if self._stream is not None:
+            # Answered before its streamed body was read to the end (a refusal): the rest
+            # of the body cannot be told from a next request, so the connection ends.
+            self._stream = None
+            self._close_after = True
         if self._close_after or self.server.closing:
             self.close()
             return
@@ -447,9 +544,14 @@ class HttpServer:
     """Listens on one address and calls `handler` for each request."""
 
     def __init__(self, handler: Handler, max_body: int = 8 * 1024 * 1024,
-                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0) -> None:
+                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0,
+                 streamed: Callable[[str], bool] | None = None,
+                 max_streamed_body: int = 0) -> None:
         self.handler = handler
         self.max_body = max_body
+        # Paths whose bodies are handed over as they arrive, up to max_streamed_body bytes.
+        self.streamed = streamed
+        self.max_streamed_body = max_streamed_body
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.connections: set[HttpConnection] = set()

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from edge import BUILD
 from edge.admin import AdminApi
 from edge.admission import CapacityQueue
+from edge.batch_forward import forwarded
 from edge.health import Prober, ReplicaStats, record_failure, record_success
 from edge.httpserver import HttpServer
 from edge.logs import AccessLog
@@ -58,6 +59,8 @@ class EdgeConfig:
     probe_timeout_s: float = 2.0
     probes: bool = True
     max_body_bytes: int = 8 * 1024 * 1024
+    # A batch input file (OpenAI's 200 MB) and its multipart framing, streamed through.
+    max_upload_bytes: int = 201 * 1024 * 1024
     max_queue: int = 512
     connect_timeout_s: float = 3.0
     upstream_timeout_s: float = 600.0
@@ -220,7 +223,9 @@ class Edge:
         self.pool.start()
         self.client_server = HttpServer(self.client_api.handle, self.config.max_body_bytes,
                                         self.config.client_idle_timeout_s,
-                                        self.config.client_request_timeout_s)
+                                        self.config.client_request_timeout_s,
+                                        streamed=forwarded,
+                                        max_streamed_body=self.config.max_upload_bytes)
         self.admin_server = HttpServer(self.admin_api.handle, 64 * 1024 * 1024)
         port = await self.client_server.listen(listen[0], listen[1], ssl=tls)
         admin_port = await self.admin_server.listen(admin_listen[0], admin_listen[1])

@@ -18,6 +18,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import httptools
 
@@ -54,6 +55,12 @@ class Listener:
     def on_upstream_error(self, error: UpstreamError) -> None: ...
 
 
+class BodySource(Protocol):
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
 class UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
         self.pool = pool
@@ -77,6 +84,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.received_any = False
         self.keep_alive = True
         self.head_at = 0.0
+        # What writes a streamed request body into this connection: paused while the
+        # socket's send buffer is full (`pause_writing`), resumed once it drains.
+        self.body_source: BodySource | None = None
 
     # --- driving an exchange ------------------------------------------------------------
 
@@ -107,6 +117,15 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             self._out = request
             self.pool.batch.add(self)
+
+    def write(self, data: bytes) -> None:
+        """More of the request `begin` started (a streamed body), after anything it queued."""
+        if self.transport is None or self.closed:
+            return
+        if self._out:
+            self._out += data
+        else:
+            self.transport.write(data)
 
     def flush(self) -> None:
         """Send the queued request (the end of the loop pass)."""
@@ -150,6 +169,14 @@ class UpstreamConnection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = transport  # type: ignore[assignment]
         watch_peer(transport, self.pool.dead_peer_s)
+
+    def pause_writing(self) -> None:
+        if self.body_source is not None:
+            self.body_source.pause()
+
+    def resume_writing(self) -> None:
+        if self.body_source is not None:
+            self.body_source.resume()
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True

@@ -1,14 +1,17 @@
-"""The official `openai` package, unchanged, against the control plane's /v1/ (a live server),
-with the lines run on a real enginesim: upload, create, retrieve, read the output."""
+"""The official `openai` package, unchanged, against the control plane's /v1/ (a live server)
+and against an edge that forwards to it, with the lines run on a real enginesim: upload,
+create, list, retrieve, cancel, read the output."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab.processes import die_with_parent
+from edge.server import Edge, EdgeConfig
 
 from .conftest import drive, jsonl, line
 
@@ -72,6 +77,56 @@ def test_the_openai_client_runs_a_batch_end_to_end(live_fleet: Any, live_server:
         _run(client, live_fleet)
     finally:
         client.close()   # no kept-alive connection holds a server thread (and its database)
+
+
+@pytest.fixture
+def edge_url(live_server: Any, tmp_path: Path) -> Iterator[str]:
+    """An edge in its own thread and event loop, forwarding to the live control plane (it
+    has no routing table: the Files and Batches API does not need one)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    edge = Edge(EdgeConfig(name="edge-batch", region="local:test-1",
+                           state_dir=tmp_path / "edge",
+                           public_keys=[Ed25519PrivateKey.generate().public_key()],
+                           control_plane=live_server.url, pull_interval_s=3600, probes=False))
+    port, _ = asyncio.run_coroutine_threadsafe(
+        edge.start(("127.0.0.1", 0), ("127.0.0.1", 0)), loop).result(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(edge.stop(drain_s=0.5), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def test_the_openai_client_runs_a_batch_through_an_edge(live_fleet: Any,
+                                                        edge_url: str) -> None:
+    client = openai.OpenAI(api_key=live_fleet["acme"], base_url=f"{edge_url}/v1",
+                           max_retries=0)
+    try:
+        _run(client, live_fleet)
+        _cancel(client)
+    finally:
+        client.close()
+
+
+def _cancel(client: Any) -> None:
+    content = jsonl(*(line(f"c-{i}", f"Wait {i}") for i in range(3)))
+    uploaded = client.files.create(file=("later.jsonl", io.BytesIO(content)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    assert client.batches.retrieve(batch.id).status == "validating"
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status == "cancelled" and cancelled.output_file_id is None
+    assert [b.id for b in client.batches.list(limit=1).data] == [batch.id]
+    with pytest.raises(openai.ConflictError) as refused:
+        client.batches.cancel(batch.id)
+    assert "already cancelled" in str(refused.value)
+    with pytest.raises(openai.ConflictError) as in_use:
+        client.files.delete(uploaded.id)
+    assert f"is the input of {batch.id}" in str(in_use.value)
 
 
 def _run(client: Any, live_fleet: Any) -> None:
