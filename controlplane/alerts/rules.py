@@ -13,6 +13,7 @@ thresholds are `thresholds.py`, which the models (a rule's overrides) use too.
 | quota_exhausted | GPUs in use ÷ quota limit per region and GPU type | 0.9 / 1.0 | 0 |
 | budget | month-to-date spend ÷ monthly budget per tenant | 0.8 / 1.0 | 0 |
 | edge_table_stale | seconds an edge has been behind its newest table | 30 / 300 | 0 |
+| rollout_rolled_back | a rollout its analysis rolled back within the window: critical | — | 0 |
 """
 
 from __future__ import annotations
@@ -237,3 +238,26 @@ def edge_table_stale(edges: Iterable[EdgeLag], now: datetime, limits: Thresholds
                      f"v{e.latest_version}; behind for {behind_s:.0f} s."),
         ))
     return findings
+
+
+# --- rollouts -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RolledBack:
+    rollout_id: int
+    deployment: str
+    tenant_id: int | None
+    to_revision: int
+    weight: int  # the canary's share when it failed (%)
+    why: str  # the failed checks with their figures
+
+
+def rollout_rolled_back(rollouts: Iterable[RolledBack]) -> list[Finding]:
+    """One critical finding per rollout that its analysis rolled back (within the window)."""
+    return [Finding(
+        rule=Rule.ROLLOUT_ROLLED_BACK, subject=f"rollout {r.rollout_id}",
+        severity=Severity.CRITICAL, value=float(r.weight), unit="% canary",
+        tenant_id=r.tenant_id,
+        message=(f"Rollout {r.rollout_id} of {r.deployment} (revision {r.to_revision}) was "
+                 f"rolled back automatically at {r.weight}%: {r.why}."),
+    ) for r in rollouts]

@@ -46,6 +46,8 @@ from controlplane.costs.services import month_to_date_usd
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.failover.models import RegionHealth
+from controlplane.rollouts.models import Rollout, RolloutState
+from controlplane.rollouts.services import ANALYST
 from controlplane.routing.models import RoutingTable
 from controlplane.telemetry.edge_metrics import traffic_by_model
 from controlplane.telemetry.services import metrics_source, newest_edge_requests
@@ -183,6 +185,20 @@ def edge_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]
     return rules.edge_table_stale(edge_lags(), now, limits[Rule.EDGE_TABLE_STALE])
 
 
+def rollout_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
+    since = now - timedelta(seconds=limits[Rule.ROLLOUT_ROLLED_BACK].window_s)
+    rows = (Rollout.objects.filter(state=RolloutState.ROLLED_BACK, ended_by=ANALYST,
+                                   ended_at__gte=since)
+            .select_related("deployment", "to_revision").prefetch_related("step_rows"))
+    return rules.rollout_rolled_back(
+        rules.RolledBack(rollout_id=r.pk, deployment=r.deployment.name,
+                         tenant_id=r.deployment.tenant_id, to_revision=r.to_revision.number,
+                         weight=max((s.weight for s in r.step_rows.all()
+                                     if s.decision == "rolled_back"), default=0),
+                         why=r.reason)
+        for r in rows)
+
+
 Gather = Callable[[datetime, dict[str, Thresholds]], list[Finding]]
 
 # Which rules each loader answers for; a loader that fails leaves those rules' alerts alone.
@@ -193,6 +209,7 @@ GATHERERS: tuple[tuple[tuple[str, ...], Gather], ...] = (
     ((Rule.QUOTA_EXHAUSTED,), quota_findings),
     ((Rule.BUDGET,), budget_findings),
     ((Rule.EDGE_TABLE_STALE,), edge_findings),
+    ((Rule.ROLLOUT_ROLLED_BACK,), rollout_findings),
 )
 
 

@@ -17,6 +17,7 @@ class Rule(models.TextChoices):
     QUOTA_EXHAUSTED = "quota_exhausted", "GPU quota exhausted"
     BUDGET = "budget", "Monthly budget"
     EDGE_TABLE_STALE = "edge_table_stale", "Edge table out of date"
+    ROLLOUT_ROLLED_BACK = "rollout_rolled_back", "Rollout rolled back by its analysis"
 
 
 class Severity(models.TextChoices):
@@ -51,6 +52,8 @@ DEFAULTS: dict[str, Thresholds] = {
     Rule.QUOTA_EXHAUSTED: Thresholds(warning=0.9, critical=1.0),
     Rule.BUDGET: Thresholds(warning=0.8, critical=1.0),
     Rule.EDGE_TABLE_STALE: Thresholds(warning=30.0, critical=300.0),
+    # Open for window_s after the rollback (or until acknowledged and the window ends).
+    Rule.ROLLOUT_ROLLED_BACK: Thresholds(warning=None, critical=None, window_s=3600),
 }
 
 

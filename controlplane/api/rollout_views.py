@@ -39,7 +39,8 @@ class RevisionSerializer(serializers.ModelSerializer):
 class RolloutStepSerializer(serializers.ModelSerializer):
     class Meta:
         model = RolloutStep
-        fields = ["step", "weight", "started_at", "ended_at", "analysis", "decision"]
+        fields = ["step", "weight", "started_at", "ended_at", "extensions", "analysis",
+                  "decision"]
         read_only_fields = fields
 
 
@@ -53,9 +54,10 @@ class RolloutSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Rollout
-        fields = ["id", "deployment", "strategy", "state", "steps", "bake_s", "current_step",
-                  "weight", "from_revision", "to_revision", "reason", "created_by",
-                  "created_at", "started_at", "ended_at", "step_rows"]
+        fields = ["id", "deployment", "strategy", "state", "steps", "bake_s", "thresholds",
+                  "current_step", "weight", "from_revision", "to_revision", "reason",
+                  "created_by", "ended_by", "created_at", "started_at", "ended_at",
+                  "step_rows"]
         read_only_fields = fields
 
 
@@ -73,6 +75,12 @@ class StartRequest(serializers.Serializer):
     pipeline_parallel = serializers.IntegerField(min_value=1, max_value=16, required=False)
     preferred_gpu_type = serializers.SlugRelatedField(
         slug_field="name", queryset=GpuType.objects.all(), required=False)
+    thresholds = serializers.JSONField(required=False, help_text=(
+        "What each step is judged by; any left out take their defaults: ttft_ratio 1.2, "
+        "itl_ratio 1.2 (canary p95 ≤ ratio × stable), error_points 1.0 (canary 5xx rate ≤ "
+        "stable + points), max_ttft_p95_s (the deployment's TTFT SLO), max_error_rate 0.05, "
+        "min_requests 20 (per side, else the step is extended), max_extensions 3 (then the "
+        "rollout is held)."))
     reason = serializers.CharField(max_length=500, required=False, default="")
 
 

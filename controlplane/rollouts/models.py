@@ -37,7 +37,12 @@ class Rollout(models.Model):
     state = models.CharField(max_length=16, choices=RolloutState.choices,
                              default=RolloutState.PENDING, db_index=True)
     current_step = models.PositiveSmallIntegerField(default=0)
+    thresholds = models.JSONField(default=dict, blank=True, help_text=(
+        "What each step is judged by (rollouts.analysis.DEFAULT_THRESHOLDS, the TTFT limit "
+        "defaulting to the deployment's SLO)."))
     reason = models.TextField(blank=True, default="", help_text="Why it ended as it did.")
+    ended_by = models.CharField(max_length=150, blank=True, default="",
+                                help_text="Who ended it: an operator, or rollouts.analysis.")
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -77,8 +82,10 @@ class RolloutStep(models.Model):
     analysis = models.JSONField(default=dict, blank=True,
                                 help_text="The figures the decision was taken on.")
     decision = models.CharField(max_length=32, blank=True, default="",
-                                help_text="advanced, paused, promoted, rolled_back; "
-                                          "empty while the step runs.")
+                                help_text="advanced, promoted, rolled_back, or no_data (held "
+                                          "for too little traffic); empty while it runs.")
+    extensions = models.PositiveSmallIntegerField(
+        default=0, help_text="Bake times added for too little traffic.")
 
     tenancy = Tenancy("rollout__deployment__tenant", shared=True)
     objects = TenantQuerySet.as_manager()

@@ -2,10 +2,12 @@
 
 The traffic split lives on the deployment (`canary_revision`, `canary_weight`), which the
 routing compiler turns into revision weights in every edge's table; the edge keeps each
-conversation on one revision. A running rollout's step, once baked, is judged by
-`analysis` (`check`, every 10 s): a failure rolls back at once, a pass moves to the next
-step; the last step waits for an operator's promote, and an operator may advance, pause,
-promote or roll back at any time.
+conversation on one revision and counts its requests by revision. A running rollout's step,
+once baked, is judged by `analysis` against the rollout's thresholds (`check`, every 10 s):
+a failure rolls back at once, a pass moves to the next step, too little traffic extends the
+step (a bounded number of times, then holds the rollout paused); the last step waits for an
+operator's promote, and an operator may advance, pause, resume, promote or roll back at any
+time.
 """
 
 from __future__ import annotations
@@ -88,10 +90,15 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_
           bake_s: Any = 300, model: Model | None = None, vllm_version: str | None = None,
           engine_args: dict[str, Any] | None = None, tensor_parallel: int | None = None,
           pipeline_parallel: int | None = None, preferred_gpu_type: GpuType | None = None,
-          reason: str = "") -> Rollout:
+          thresholds: Any = None, reason: str = "") -> Rollout:
     """A new revision (unset settings: the stable revision's) and a canary rollout of it at
     its first step, with one canary replica asked for beside a live stable one."""
     weights = check_steps(steps, bake_s)
+    try:
+        limits = analysis.check_thresholds(
+            thresholds, analysis.defaults_for(deployment.slo_ttft_p95_ms))
+    except analysis.ThresholdError as exc:
+        raise RolloutInputError(exc.field, str(exc)) from None
     locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
     current = Rollout.objects.filter(deployment=locked, state__in=IN_PROGRESS).first()
     if current is not None:
@@ -113,8 +120,8 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_
         with transaction.atomic():
             rollout = Rollout.objects.create(
                 deployment=locked, from_revision=stable, to_revision=revision,
-                steps=weights, bake_s=bake_s, state=S.RUNNING, created_by=actor,
-                started_at=now)
+                steps=weights, bake_s=bake_s, thresholds=limits, state=S.RUNNING,
+                created_by=actor, started_at=now)
     except IntegrityError:
         raise RolloutStateError(f"deployment {locked.name} already has a rollout in "
                                 "progress") from None
@@ -129,7 +136,7 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_
                                     offer=anchor.offer, revision=revision)
     record_audit(actor, "rollout.started", rollout, reason=reason, changes={
         "from_revision": stable.number, "to_revision": revision.number, "steps": weights,
-        "bake_s": bake_s, "weight": step.weight,
+        "bake_s": bake_s, "thresholds": limits, "weight": step.weight,
         "canary_replicas": [r.public_id for r in canaries]})
     return rollout
 
@@ -151,6 +158,7 @@ def pause(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
 
 
 def resume(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
+    """Go on; a step held for too little traffic gets its extensions again."""
     return _hold_or_go(rollout_id, "resume", S.PAUSED, S.RUNNING, "rollout.resumed",
                        actor=actor, reason=reason)
 
@@ -163,6 +171,9 @@ def _hold_or_go(rollout_id: int, action: str, from_state: str, to_state: str, ev
     _refuse(rollout, action, [from_state])
     rollout.state = to_state
     rollout.save(update_fields=["state"])
+    if to_state == S.RUNNING:
+        RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
+                                   ended_at__isnull=True).update(decision="", extensions=0)
     record_audit(actor, event, rollout, reason=reason,
                  changes={"step": rollout.current_step, "weight": rollout.weight})
     return rollout
@@ -199,7 +210,8 @@ def promote(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
     rollout.state = S.PROMOTED
     rollout.ended_at = timezone.now()
     rollout.reason = reason
-    rollout.save(update_fields=["state", "ended_at", "reason"])
+    rollout.ended_by = actor
+    rollout.save(update_fields=["state", "ended_at", "reason", "ended_by"])
     revision = rollout.to_revision
     deployment = Deployment.objects.get(pk=rollout.deployment_id)
     args = revision.engine_args
@@ -229,7 +241,8 @@ def roll_back(rollout_id: int, *, actor: str, reason: str = "",
     rollout.state = S.ROLLED_BACK
     rollout.ended_at = timezone.now()
     rollout.reason = reason
-    rollout.save(update_fields=["state", "ended_at", "reason"])
+    rollout.ended_by = actor
+    rollout.save(update_fields=["state", "ended_at", "reason", "ended_by"])
     _set_split(rollout.deployment_id, None, 0)
     canaries = list(Replica.objects.filter(revision=rollout.to_revision,
                                            state__in=LIVE_STATES))
@@ -244,44 +257,79 @@ def roll_back(rollout_id: int, *, actor: str, reason: str = "",
 ANALYST = "rollouts.analysis"
 
 
+def limits_of(rollout: Rollout) -> dict[str, float]:
+    """The rollout's thresholds over the defaults (rows from before they were stored)."""
+    return {**analysis.defaults_for(rollout.deployment.slo_ttft_p95_ms), **rollout.thresholds}
+
+
 def step_figures(rollout: Rollout, since: Any, until: Any) -> tuple[str, str, dict[str, Any]]:
     """The step's verdict, why, and the figures it rests on."""
-    replicas = Replica.objects.filter(deployment_id=rollout.deployment_id)
-    canary_ids = list(replicas.filter(revision=rollout.to_revision).values_list("pk", flat=True))
-    stable_ids = list(replicas.exclude(revision=rollout.to_revision)
-                      .values_list("pk", flat=True))
-    canary = analysis.figures(canary_ids, since, until)
-    stable = analysis.figures(stable_ids, since, until)
-    verdict, why = analysis.judge(canary, stable)
+    limits = limits_of(rollout)
+    got = analysis.figures([rollout.to_revision_id, rollout.from_revision_id], since, until)
+    canary, stable = got[rollout.to_revision_id], got[rollout.from_revision_id]
+    compared = stable if rollout.weight < 100 else None
+    verdict, why, done = analysis.judge(canary, compared, limits)
     return verdict, why, {
         "window": [since.isoformat(), until.isoformat()], "verdict": verdict, "why": why,
-        "ttft_ratio_limit": analysis.TTFT_RATIO,
-        "canary": canary.as_dict(), "stable": stable.as_dict(),
+        "thresholds": limits, "checks": [c.as_dict() for c in done],
+        "canary": {"revision": rollout.to_revision.number, **canary.as_dict()},
+        "stable": {"revision": rollout.from_revision.number, **stable.as_dict()},
     }
 
 
+@transaction.atomic
+def _extend_or_hold(rollout_id: int, step_id: int, why: str, figures: dict[str, Any]) -> str:
+    """Too little traffic: one more bake time, or, with the extensions spent, the rollout
+    held (paused, the step's decision no_data) for an operator to resume, promote or roll
+    back."""
+    rollout = _locked(rollout_id)
+    _refuse(rollout, "analysis", [S.RUNNING])
+    step = RolloutStep.objects.select_for_update().get(pk=step_id)
+    if step.extensions < limits_of(rollout)["max_extensions"]:
+        step.extensions += 1
+        step.analysis = figures
+        step.save(update_fields=["extensions", "analysis"])
+        return "extended"
+    step.analysis = figures
+    step.decision = "no_data"
+    step.save(update_fields=["analysis", "decision"])
+    rollout.state = S.PAUSED
+    rollout.save(update_fields=["state"])
+    record_audit(ANALYST, "rollout.held", rollout,
+                 reason=f"held at {rollout.weight}% after {step.extensions} extensions: {why}",
+                 changes={"step": rollout.current_step, "weight": rollout.weight,
+                          "analysis": figures})
+    return "held"
+
+
 def check(now: Any = None) -> dict[str, str]:
-    """Judge each running rollout whose current step has baked: fail → rolled back, pass →
-    the next step (the last one waits for promote), no data → left as it is, the figures
-    kept on the step. Returns {rollout id: what was done}."""
+    """Judge each running rollout whose current step has baked (its bake time once, and
+    once more per extension): fail → rolled back, pass → the next step (the last one waits
+    for promote, the figures kept on the step), too little traffic → extended or held.
+    Returns {rollout id: what was done}."""
     now = now or timezone.now()
     done: dict[str, str] = {}
-    for rollout in Rollout.objects.filter(state=S.RUNNING):
+    running = Rollout.objects.filter(state=S.RUNNING).select_related(
+        "deployment", "from_revision", "to_revision")
+    for rollout in running:
         step = RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
                                           ended_at__isnull=True).first()
-        if step is None or (now - step.started_at).total_seconds() < rollout.bake_s:
+        if step is None or (now - step.started_at).total_seconds() < (
+                rollout.bake_s * (1 + step.extensions)):
             continue
         verdict, why, figures = step_figures(rollout, step.started_at, now)
         try:
             if verdict == "fail":
                 roll_back(rollout.pk, actor=ANALYST, reason=why, figures=figures)
                 done[str(rollout.pk)] = "rolled_back"
-            elif verdict == "pass" and rollout.current_step < len(rollout.steps) - 1:
+            elif verdict == "no_data":
+                done[str(rollout.pk)] = _extend_or_hold(rollout.pk, step.pk, why, figures)
+            elif rollout.current_step < len(rollout.steps) - 1:
                 advance(rollout.pk, actor=ANALYST, reason=why, figures=figures)
                 done[str(rollout.pk)] = "advanced"
             else:
                 RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
-                done[str(rollout.pk)] = verdict if verdict != "pass" else "awaiting_promote"
+                done[str(rollout.pk)] = "awaiting_promote"
         except RolloutStateError:
             done[str(rollout.pk)] = "moved"  # an operator acted meanwhile
     return done

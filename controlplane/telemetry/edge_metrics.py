@@ -1,7 +1,9 @@
 """Reads an edge's /metrics text into one snapshot of its counters. Pure.
 
 Counters are keyed by their labels joined with "|" (JSON objects need string keys):
-requests by "model|region|tenant|status", tokens by "model|region|tenant|kind".
+requests by "model|region|tenant|status", tokens by "model|region|tenant|kind". A model
+split between revisions (a rollout) is counted again by revision: `revisions` is
+{revision id: {"requests": {status: n}, "ttft": {le: n}, "itl": {le: n}}}.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ HISTOGRAMS = {
     "meridian_edge_time_to_first_token_seconds_bucket": "ttft",
     "meridian_edge_inter_token_latency_seconds_bucket": "itl",
 }
+REVISION_HISTOGRAMS = {
+    "meridian_edge_revision_time_to_first_token_seconds_bucket": "ttft",
+    "meridian_edge_revision_inter_token_latency_seconds_bucket": "itl",
+}
 
 
 @dataclass
@@ -25,6 +31,11 @@ class EdgeSnapshot:
     requests: dict[str, float] = field(default_factory=dict)
     tokens: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[str, float]] = field(default_factory=dict)
+    revisions: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    def add_revision(self, revision: str, series: str, key: str, value: float) -> None:
+        counts = self.revisions.setdefault(revision, {}).setdefault(series, {})
+        counts[key] = counts.get(key, 0.0) + value
 
 
 def key(labels: Mapping[str, str], names: Iterable[str]) -> str:
@@ -49,6 +60,12 @@ def parse_edge_metrics(text: str) -> EdgeSnapshot:
                 snap.tokens[k] = snap.tokens.get(k, 0.0) + sample.value
             elif name == "meridian_edge_table_version":
                 snap.table_version = int(sample.value)
+            elif name == "meridian_edge_revision_requests_total":
+                snap.add_revision(sample.labels.get("revision", ""), "requests",
+                                  sample.labels.get("status", ""), sample.value)
+            elif name in REVISION_HISTOGRAMS:
+                snap.add_revision(sample.labels.get("revision", ""), REVISION_HISTOGRAMS[name],
+                                  sample.labels.get("le", "+Inf"), sample.value)
             elif name in HISTOGRAMS:
                 le = sample.labels.get("le", "+Inf")
                 series = snap.buckets.setdefault(HISTOGRAMS[name], {})

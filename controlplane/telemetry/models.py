@@ -37,6 +37,8 @@ class EdgeSample(models.Model):
 
     `requests` is keyed "model|region|tenant|status", `tokens` "model|region|tenant|kind"
     (see telemetry.edge_metrics); what happened between two scrapes is their difference.
+    `revisions` holds the requests, TTFT and ITL buckets of models split between revisions,
+    by revision id (what a rollout's analysis compares).
     """
 
     edge = models.ForeignKey("routing.Edge", on_delete=models.CASCADE, related_name="samples")
@@ -47,6 +49,7 @@ class EdgeSample(models.Model):
     requests = models.JSONField(default=dict, blank=True)
     tokens = models.JSONField(default=dict, blank=True)
     buckets = models.JSONField(default=dict, blank=True)
+    revisions = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-at"]

@@ -76,7 +76,7 @@ def collect_edges(now: Any = None) -> list[EdgeDelta]:
             edge_id=int(key), at=now, up=snap is not None, error=scrape.error,
             table_version=snap.table_version if snap else None,
             requests=snap.requests if snap else {}, tokens=snap.tokens if snap else {},
-            buckets=snap.buckets if snap else {})
+            buckets=snap.buckets if snap else {}, revisions=snap.revisions if snap else {})
         samples.append(sample)
         before = previous.get(sample.edge_id)
         if snap is not None and before is not None and before.up:

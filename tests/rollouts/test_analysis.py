@@ -1,6 +1,8 @@
-"""A baked step is judged from the engines' TTFT histograms: a canary over 1.2× the stable
-TTFT p95 is rolled back at once (weight 0, replicas drained, the figures in the audit event
-and on the step); within it, the rollout moves to the next step; no data decides nothing."""
+"""A baked step is judged from what the edges counted by revision: a canary whose 5xx rate,
+TTFT p95 or ITL p95 is over its limits (relative to the stable revision, or the absolute
+SLO) is rolled back at once (weight 0, replicas drained, an alert, the figures in the audit
+event and on the step); within them, the rollout moves to the next step; too little traffic
+extends the step, then holds the rollout."""
 
 from __future__ import annotations
 
@@ -10,12 +12,17 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from controlplane.alerts import services as alerts
+from controlplane.alerts.models import Alert
 from controlplane.core.models import AuditLog
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.rollouts import analysis, services
 from controlplane.rollouts.models import Rollout, RolloutStep
-from controlplane.telemetry.models import ReplicaSample
+from controlplane.routing.models import Edge
+from controlplane.telemetry.edge_metrics import parse_edge_metrics
+from controlplane.telemetry.models import EdgeSample
+from edge.metrics import EdgeMetrics
 from tests.api.test_endpoints_crud import make_deployment
 
 pytestmark = pytest.mark.django_db
@@ -32,78 +39,219 @@ def rollout(catalog, tenants):  # type: ignore[no-untyped-def]
     return rollout
 
 
-def histogram(fast: float, slow: float) -> dict[str, float]:
-    """Cumulative buckets: `fast` requests under 0.1 s, `slow` more between 0.5 s and 1 s."""
-    return {"0.1": fast, "0.5": fast, "1.0": fast + slow, "+Inf": fast + slow}
+@pytest.fixture
+def edges(catalog):  # type: ignore[no-untyped-def]
+    return [Edge.objects.create(name=f"edge-{i}", region=catalog["fra"],
+                                admin_url=f"http://127.0.0.1:{9000 + i}") for i in range(2)]
 
 
-def sample(replica: Replica, at: Any, fast: float, slow: float) -> None:
-    ReplicaSample.objects.create(replica=replica, at=at, counters={"requests_ok": fast + slow},
-                                 buckets={"ttft": histogram(fast, slow)})
+def histogram(fast: float, slow: float, slow_s: float = 1.0) -> dict[str, float]:
+    """Cumulative buckets: `fast` observations under 0.1 s, `slow` more just under slow_s."""
+    return {"0.1": fast, "0.5": fast, "1.0": fast + (slow if slow_s <= 1.0 else 0),
+            "5.0": fast + slow, "+Inf": fast + slow}
 
 
-def bake(rollout: Rollout, stable_slow: float, canary_slow: float) -> Any:
-    """Samples over the current step's window; returns the moment its bake time is over."""
+def series(ok: float = 0, errors: float = 0, slow_ttft: float = 0,
+           slow_itl: float = 0) -> dict[str, Any]:
+    answered = ok + errors
+    return {"requests": {"200": ok, "500": errors},
+            "ttft": histogram(answered - slow_ttft, slow_ttft),
+            "itl": histogram(5 * ok - slow_itl, slow_itl)}
+
+
+def bake(rollout: Rollout, edges: list[Edge], stable: dict[str, Any], canary: dict[str, Any],
+         seconds: float = 120) -> Any:
+    """Samples from every edge over the current step's window (its traffic split between
+    them); returns the moment the step's bake time is over."""
     step = RolloutStep.objects.get(rollout=rollout, step=rollout.current_step)
-    start = timezone.now() - timedelta(seconds=120)
+    start = timezone.now() - timedelta(seconds=seconds)
     RolloutStep.objects.filter(pk=step.pk).update(started_at=start)
-    for replica in Replica.objects.filter(deployment=rollout.deployment):
-        slow = canary_slow if replica.revision_id == rollout.to_revision_id else stable_slow
-        sample(replica, start - timedelta(seconds=1), 0, 0)
-        sample(replica, start + timedelta(seconds=100), 100 - slow, slow)
+    ids = (str(rollout.from_revision_id), str(rollout.to_revision_id))
+
+    def half(s: dict[str, Any]) -> dict[str, Any]:
+        return {name: {k: v / len(edges) for k, v in values.items()} for name, values in s.items()}
+
+    for edge in edges:
+        EdgeSample.objects.create(edge=edge, at=start - timedelta(seconds=1),
+                                  revisions={ids[0]: series(), ids[1]: series()})
+        EdgeSample.objects.create(edge=edge, at=start + timedelta(seconds=seconds - 10),
+                                  revisions={ids[0]: half(stable), ids[1]: half(canary)})
     return timezone.now()
 
 
-def test_a_slow_canary_is_rolled_back_with_the_figures(rollout):  # type: ignore[no-untyped-def]
-    now = bake(rollout, stable_slow=0, canary_slow=50)
+def test_a_slow_canary_is_rolled_back_with_the_figures_and_an_alert(rollout, edges):  # type: ignore[no-untyped-def]
+    now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=100, slow_ttft=50))
     assert services.check(now) == {str(rollout.pk): "rolled_back"}
     rollout.refresh_from_db()
-    assert rollout.state == "rolled_back" and "over 1.2×" in rollout.reason
+    assert rollout.state == "rolled_back" and rollout.ended_by == services.ANALYST
+    assert "canary TTFT p95" in rollout.reason and "over" in rollout.reason
     deployment = rollout.deployment
     deployment.refresh_from_db()
     assert deployment.canary_weight == 0 and deployment.canary_revision_id is None
     assert not Replica.objects.filter(revision=rollout.to_revision, state=S.READY).exists()
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     assert step.decision == "rolled_back" and step.analysis["verdict"] == "fail"
-    assert step.analysis["canary"]["ttft_p95_s"] > 1.2 * step.analysis["stable"]["ttft_p95_s"]
-    assert step.analysis["canary"]["requests"] == 100
+    figures = step.analysis
+    assert figures["canary"]["ttft_p95_s"] > 1.2 * figures["stable"]["ttft_p95_s"]
+    assert figures["canary"]["requests"] == 100 and figures["canary"]["edges"] == 2
+    assert figures["stable"]["requests"] == 100 and figures["stable"]["error_rate"] == 0
+    failed = {c["name"] for c in figures["checks"] if not c["passed"]}
+    assert failed == {"ttft_vs_stable"}
     event = AuditLog.objects.get(action="rollout.rolled_back")
     assert event.actor == services.ANALYST
     assert event.changes["analysis"]["verdict"] == "fail"
+    # The alerts app opens a critical alert carrying the figures.
+    alerts.evaluate(now)
+    alert = Alert.objects.get(rule="rollout_rolled_back", state="open")
+    assert alert.severity == "critical" and alert.subject == f"rollout {rollout.pk}"
+    assert "TTFT p95" in alert.message and "10%" in alert.message
 
 
-def test_a_canary_within_the_threshold_moves_to_the_next_step(rollout):  # type: ignore[no-untyped-def]
-    now = bake(rollout, stable_slow=10, canary_slow=10)
+def test_a_canary_answering_5xx_is_rolled_back(rollout, edges):  # type: ignore[no-untyped-def]
+    now = bake(rollout, edges, stable=series(ok=200, errors=1), canary=series(ok=90, errors=10))
+    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    step = RolloutStep.objects.get(rollout=rollout, step=0)
+    assert step.analysis["canary"]["error_rate"] == pytest.approx(0.1)
+    failed = {c["name"] for c in step.analysis["checks"] if not c["passed"]}
+    assert failed == {"error_rate_vs_stable", "error_rate_slo"}
+
+
+def test_a_canary_with_slow_tokens_is_rolled_back(rollout, edges):  # type: ignore[no-untyped-def]
+    now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=100, slow_itl=200))
+    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    step = RolloutStep.objects.get(rollout=rollout, step=0)
+    assert {c["name"] for c in step.analysis["checks"] if not c["passed"]} == {"itl_vs_stable"}
+
+
+def test_a_canary_over_the_slo_fails_even_when_the_stable_is_as_slow(rollout, edges):  # type: ignore[no-untyped-def]
+    slow = series(ok=100, slow_ttft=100)  # every TTFT in (1, 5] s, the SLO is 1 s
+    slow["ttft"] = histogram(0, 100, slow_s=5.0)
+    now = bake(rollout, edges, stable=slow, canary=slow)
+    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    step = RolloutStep.objects.get(rollout=rollout, step=0)
+    assert {c["name"] for c in step.analysis["checks"] if not c["passed"]} == {"ttft_slo"}
+
+
+def test_a_canary_within_every_limit_moves_to_the_next_step(rollout, edges):  # type: ignore[no-untyped-def]
+    now = bake(rollout, edges, stable=series(ok=100, slow_ttft=10),
+               canary=series(ok=100, slow_ttft=10))
     assert services.check(now) == {str(rollout.pk): "advanced"}
     rollout.refresh_from_db()
     assert rollout.state == "running" and rollout.weight == 50
     first = RolloutStep.objects.get(rollout=rollout, step=0)
     assert first.decision == "advanced" and first.analysis["verdict"] == "pass"
+    assert all(c["passed"] for c in first.analysis["checks"])
+    assert len(first.analysis["checks"]) == 5
     # The new step has not baked yet: nothing happens.
     assert services.check(now) == {}
 
 
-def test_a_step_without_figures_decides_nothing(rollout):  # type: ignore[no-untyped-def]
-    step = RolloutStep.objects.get(rollout=rollout, step=0)
-    RolloutStep.objects.filter(pk=step.pk).update(
-        started_at=timezone.now() - timedelta(seconds=120))
-    assert services.check() == {str(rollout.pk): "no_data"}
+def test_at_100_percent_only_the_absolute_limits_are_judged(rollout, edges):  # type: ignore[no-untyped-def]
+    services.advance(rollout.pk, actor="op")
+    services.advance(rollout.pk, actor="op")
     rollout.refresh_from_db()
-    assert rollout.state == "running" and rollout.weight == 10
-    assert RolloutStep.objects.get(pk=step.pk).analysis["verdict"] == "no_data"
+    assert rollout.weight == 100
+    now = bake(rollout, edges, stable=series(), canary=series(ok=100))
+    assert services.check(now) == {str(rollout.pk): "awaiting_promote"}
+    step = RolloutStep.objects.get(rollout=rollout, step=2)
+    assert {c["name"] for c in step.analysis["checks"]} == {"error_rate_slo", "ttft_slo"}
 
 
-def test_paused_rollouts_are_not_judged(rollout):  # type: ignore[no-untyped-def]
-    now = bake(rollout, stable_slow=0, canary_slow=50)
+def test_too_little_traffic_extends_the_step_then_holds_the_rollout(rollout, edges):  # type: ignore[no-untyped-def]
+    Rollout.objects.filter(pk=rollout.pk).update(
+        thresholds={**rollout.thresholds, "max_extensions": 2})
+    now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=5), seconds=100)
+    # The step's bake time is 60 s, and it started 100 s ago: judged, and extended once.
+    assert services.check(now) == {str(rollout.pk): "extended"}
+    assert services.check(now) == {}  # the extension has not run out
+    step = RolloutStep.objects.get(rollout=rollout, step=0)
+    assert step.extensions == 1 and step.analysis["verdict"] == "no_data"
+    assert "canary served 5 requests" in step.analysis["why"]
+    later = now + timedelta(seconds=60)
+    assert services.check(later) == {str(rollout.pk): "extended"}
+    assert services.check(later + timedelta(seconds=60)) == {str(rollout.pk): "held"}
+    rollout.refresh_from_db()
+    step.refresh_from_db()
+    assert rollout.state == "paused" and rollout.weight == 10
+    assert step.decision == "no_data" and step.ended_at is None
+    held = AuditLog.objects.get(action="rollout.held")
+    assert "after 2 extensions" in held.reason and held.actor == services.ANALYST
+    # An operator resumes: the step gets its extensions again.
+    services.resume(rollout.pk, actor="op")
+    step.refresh_from_db()
+    assert (step.decision, step.extensions) == ("", 0)
+
+
+def test_paused_rollouts_are_not_judged(rollout, edges):  # type: ignore[no-untyped-def]
+    now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=100, slow_ttft=50))
     services.pause(rollout.pk, actor="op")
     assert services.check(now) == {}
 
 
-@pytest.mark.parametrize(("canary", "stable", "verdict"), [
-    (1.0, 1.0, "pass"), (1.2, 1.0, "pass"), (1.21, 1.0, "fail"), (None, 1.0, "no_data"),
-    (1.0, None, "no_data"),
+def test_an_edge_first_scraped_inside_the_window_counts_from_its_first_sample(  # type: ignore[no-untyped-def]
+        rollout, edges):
+    start = timezone.now() - timedelta(seconds=100)
+    canary = str(rollout.to_revision_id)
+    EdgeSample.objects.create(edge=edges[0], at=start + timedelta(seconds=5),
+                              revisions={canary: series(ok=10)})
+    EdgeSample.objects.create(edge=edges[0], at=start + timedelta(seconds=50),
+                              revisions={canary: series(ok=40)})
+    EdgeSample.objects.create(edge=edges[0], at=start + timedelta(seconds=200),
+                              revisions={canary: series(ok=1000)})  # after the window
+    got = analysis.figures([rollout.to_revision_id, rollout.from_revision_id], start,
+                           start + timedelta(seconds=60))
+    assert got[rollout.to_revision_id].requests == 30
+    assert got[rollout.from_revision_id] == analysis.EMPTY
+
+
+def test_the_edges_revision_series_parse_by_revision() -> None:
+    metrics = EdgeMetrics()
+    for status in ("200", "200", "503"):
+        metrics.revision_requests.inc(("chat", "7", status))
+    metrics.revision_ttft.observe(("chat", "7"), 0.2)
+    metrics.revision_itl.observe(("chat", "8"), 0.01)
+    metrics.requests.inc(("chat", "local:x", "acme", "200"))
+    snap = parse_edge_metrics(metrics.registry.render().decode())
+    assert snap.revisions["7"]["requests"] == {"200": 2.0, "503": 1.0}
+    assert snap.revisions["7"]["ttft"]["0.25"] == 1.0
+    assert snap.revisions["8"]["itl"]["+Inf"] == 1.0
+    assert snap.requests == {"chat|local:x|acme|200": 1.0}
+
+
+LIMITS = analysis.DEFAULT_THRESHOLDS
+
+
+def figures(requests: float, errors: float = 0, ttft: float | None = 0.5,
+            itl: float | None = 0.05) -> analysis.RevisionFigures:
+    return analysis.RevisionFigures(1, requests, errors, ttft, itl)
+
+
+@pytest.mark.parametrize(("canary", "stable", "verdict", "failed"), [
+    (figures(100), figures(100), "pass", set()),
+    (figures(100, ttft=0.6), figures(100), "pass", set()),  # exactly 1.2×
+    (figures(100, ttft=0.61), figures(100), "fail", {"ttft_vs_stable"}),
+    (figures(100, itl=0.07), figures(100), "fail", {"itl_vs_stable"}),
+    (figures(100, itl=None), figures(100), "pass", set()),  # no streams: ITL not judged
+    (figures(100, errors=2), figures(100, errors=1), "pass", set()),  # 2% ≤ 1% + 1 point
+    (figures(100, errors=3), figures(100, errors=1), "fail", {"error_rate_vs_stable"}),
+    (figures(100, errors=6), figures(100, errors=6), "fail", {"error_rate_slo"}),
+    (figures(19), figures(100), "no_data", set()),
+    (figures(100), figures(19), "no_data", set()),
+    (figures(100, ttft=1.5), None, "fail", {"ttft_slo"}),  # 100%: absolute only
+    (figures(100, ttft=0.9), None, "pass", set()),
 ])
-def test_judge(canary: float | None, stable: float | None, verdict: str) -> None:
-    got, _ = analysis.judge(analysis.RevisionFigures(1, 10, canary),
-                            analysis.RevisionFigures(1, 10, stable))
-    assert got == verdict
+def test_judge(canary: analysis.RevisionFigures, stable: analysis.RevisionFigures | None,
+               verdict: str, failed: set[str]) -> None:
+    got, why, done = analysis.judge(canary, stable, LIMITS)
+    assert got == verdict, why
+    assert {c.name for c in done if not c.passed} == failed
+
+
+@pytest.mark.parametrize(("given", "field"), [
+    ("x", "thresholds"), ({"ttft_ratio": 0.5}, "thresholds.ttft_ratio"),
+    ({"min_requests": 0}, "thresholds.min_requests"), ({"bogus": 1}, "thresholds.bogus"),
+])
+def test_bad_thresholds_name_the_field(given: Any, field: str) -> None:
+    with pytest.raises(analysis.ThresholdError) as caught:
+        analysis.check_thresholds(given, LIMITS)
+    assert caught.value.field == field

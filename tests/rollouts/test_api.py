@@ -74,11 +74,22 @@ def test_one_rollout_in_progress_per_deployment_in_the_database(deployment):  # 
     ({"bake_s": -5}, "bake_s"),
     ({"tensor_parallel": 0}, "tensor_parallel"),
     ({"deployment": "nope"}, "deployment"),
+    ({"thresholds": [1.2]}, "thresholds"),
+    ({"thresholds": {"ttft_ratio": 0.9}}, "thresholds.ttft_ratio"),
+    ({"thresholds": {"itl_ratio": "1.5"}}, "thresholds.itl_ratio"),
+    ({"thresholds": {"error_points": -1}}, "thresholds.error_points"),
+    ({"thresholds": {"max_error_rate": 1.5}}, "thresholds.max_error_rate"),
+    ({"thresholds": {"max_ttft_p95_s": 0}}, "thresholds.max_ttft_p95_s"),
+    ({"thresholds": {"min_requests": 2.5}}, "thresholds.min_requests"),
+    ({"thresholds": {"max_extensions": True}}, "thresholds.max_extensions"),
+    ({"thresholds": {"ttft_p99": 2}}, "thresholds.ttft_p99"),
 ])
 def test_bad_input_is_400_naming_the_field(deployment, operator, body, field):  # type: ignore[no-untyped-def]
     response = start(operator, deployment, **body)
     assert response.status_code == 400, response.content
     assert field in response.json()
+    if field.startswith("thresholds."):
+        assert field.split(".")[1] in response.json()[field][0]
     assert not Rollout.objects.exists()
     assert Revision.objects.filter(deployment=deployment).count() <= 1
 
@@ -91,6 +102,11 @@ def test_state_machine_through_the_api(deployment, operator, make_client):  # ty
     body = response.json()
     rid = body["id"]
     assert body["state"] == "running" and body["weight"] == 10 and body["current_step"] == 0
+    # Thresholds default, the absolute TTFT limit to the deployment's SLO.
+    assert body["thresholds"] == {
+        "ttft_ratio": 1.2, "itl_ratio": 1.2, "error_points": 1.0,
+        "max_ttft_p95_s": deployment.slo_ttft_p95_ms / 1000, "max_error_rate": 0.05,
+        "min_requests": 20, "max_extensions": 3}
     assert body["from_revision"]["number"] == 1 and body["to_revision"]["number"] == 2
     assert body["to_revision"]["engine_args"]["max_model_len"] == 4096
     assert body["to_revision"]["vllm_version"] == "0.11.0"
@@ -135,6 +151,12 @@ def test_state_machine_through_the_api(deployment, operator, make_client):  # ty
                    .order_by("id").values_list("action", flat=True))
     assert actions == ["rollout.started", "rollout.paused", "rollout.resumed",
                        "rollout.advanced", "rollout.advanced", "rollout.promoted"]
+
+
+def test_given_thresholds_are_kept_over_the_defaults(deployment, operator):  # type: ignore[no-untyped-def]
+    body = start(operator, deployment, thresholds={"ttft_ratio": 1.5, "min_requests": 5}).json()
+    assert body["thresholds"]["ttft_ratio"] == 1.5 and body["thresholds"]["min_requests"] == 5
+    assert body["thresholds"]["itl_ratio"] == 1.2
 
 
 def test_rollback_sets_weight_zero_and_retires_canaries(deployment, operator):  # type: ignore[no-untyped-def]
