@@ -232,6 +232,10 @@ class Replica(models.Model):
     state_changed_at = models.DateTimeField(auto_now_add=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     terminated_at = models.DateTimeField(null=True, blank=True)
+    # Set in the transaction that requests a failed replica's replacement, before its
+    # resources are released: a failover pass that dies in between is rerun without
+    # replacing the same loss twice.
+    replacement_requested_at = models.DateTimeField(null=True, blank=True)
 
     tenancy = Tenancy("deployment__tenant", shared=True)
     objects = TenantQuerySet.as_manager()

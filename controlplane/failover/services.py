@@ -251,30 +251,41 @@ def replace_for(deployment_id: int) -> list[str]:
     the solver, inside the deployment's jurisdictions, with the spread lowered to the regions
     left; the periodic replan moves it back once the lost region is usable and the spread
     rule is broken.
+
+    Idempotent on the loss: the failed replicas are stamped `replacement_requested_at` in
+    the transaction that requests their replacements, and their resources are released only
+    after it commits. A pass that dies in between (a killed worker) leaves them failed and
+    stamped; the next pass only releases them, as their replacements already count among
+    the live replicas.
     """
     with transaction.atomic():
         deployment = (Deployment.objects.select_for_update().select_related("model")
                       .prefetch_related("allowed_jurisdictions", "user_regions")
                       .get(pk=deployment_id))
-        failed = list(deployment.replicas.filter(state=S.FAILED)
-                      .select_related("region__cloud", "offer__gpu_type"))
-        if not failed:
-            return []
-        live = list(deployment.replicas.filter(state__in=LIVE_STATES)
-                    .select_related("offer__gpu_type"))
-        # Draining replicas are on their way out: neither counted nor kept.
-        active = [r for r in live if r.state != S.DRAINING]
-        target = min(deployment.max_replicas,
-                     max(deployment.min_replicas, len(active) + len(failed)))
-        placed: list[Replacement] = []
-        if target > len(active):
-            placed = _place_replacements(deployment, failed, live, active, target - len(active))
-            if not placed:
-                return []
-        made = [r for p in placed for r in p.replicas]
-        names = [r.public_id for r in made]
-        _attach_replacements(failed, names, placed)
-    for dead in failed:
+        lost = list(deployment.replicas.filter(state=S.FAILED)
+                    .select_related("region__cloud", "offer__gpu_type"))
+        failed = [r for r in lost if r.replacement_requested_at is None]
+        names: list[str] = []
+        if failed:
+            live = list(deployment.replicas.filter(state__in=LIVE_STATES)
+                        .select_related("offer__gpu_type"))
+            # Draining replicas are on their way out: neither counted nor kept.
+            active = [r for r in live if r.state != S.DRAINING]
+            target = min(deployment.max_replicas,
+                         max(deployment.min_replicas, len(active) + len(failed)))
+            placed: list[Replacement] = []
+            if target > len(active):
+                placed = _place_replacements(deployment, failed, live, active,
+                                             target - len(active))
+                if not placed:
+                    failed = []  # retried on the next pass
+            if failed:
+                names = [r.public_id for p in placed for r in p.replicas]
+                _attach_replacements(failed, names, placed)
+                Replica.objects.filter(pk__in=[r.pk for r in failed]).update(
+                    replacement_requested_at=timezone.now())
+        answered = [r for r in lost if r.replacement_requested_at is not None] + failed
+    for dead in answered:
         terminate_failed(dead)
     return names
 
