@@ -171,6 +171,10 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
+# Where batch workers send a batch's lines: an edge's public URL, at batch tier. Unset: the
+# first enabled edge in the registry; no edge at all: straight to the replicas.
+BATCH_EDGE_URL = env_url("MERIDIAN_BATCH_EDGE_URL")
+
 
 class MeridianSettings(TypedDict):
     BEAT_STALE_AFTER: timedelta
