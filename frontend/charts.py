@@ -368,3 +368,27 @@ def incident_timeline_figure(incidents: Sequence[Mapping[str, Any]]) -> Figure:
 
 def _last_stage(timeline: Mapping[str, float | None]) -> float:
     return max((v for v in timeline.values() if v is not None), default=0.0)
+
+
+# -- batches --------------------------------------------------------------------------------
+
+
+def batch_progress_figure(per_minute: Iterable[Mapping[str, Any]]) -> Figure:
+    """A batch's lines finished so far over time, completed and failed, from rows of
+    `minute`, `completed` and `failed` (lines finished in that minute)."""
+    times: list[str] = []
+    completed: list[float | None] = []
+    failed: list[float | None] = []
+    done = bad = 0
+    for row in per_minute:
+        done += int(row["completed"])
+        bad += int(row["failed"])
+        times.append(_time(row["minute"]))
+        completed.append(done)
+        failed.append(bad)
+    data = [_line("completed", times, completed, "#2f855a"),
+            _line("failed", times, failed, "#c53030")]
+    for trace in data:
+        trace["line"]["shape"] = "hv"
+        trace["mode"] = "lines+markers"
+    return {"data": data, "layout": _time_layout("lines finished", height=220)}

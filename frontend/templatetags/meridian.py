@@ -65,6 +65,25 @@ def ago(value: datetime | None) -> str:
 
 
 @register.filter
+def duration(seconds: float | None) -> str:
+    """A time span to come, in its two largest units: 40 s, 12 min, 3 h 20 min, 2 d 4 h;
+    a dash when it is not known."""
+    if seconds is None:
+        return "—"
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds} s"
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size or parts:
+            parts.append(f"{seconds // size} {unit}")
+            seconds %= size
+        if len(parts) == 2:
+            break
+    return " ".join(p for p in parts if not p.startswith("0 ")) or "0 min"
+
+
+@register.filter
 def badge(value: str, kind: str = "state") -> SafeString:
     """A coloured label for a replica state, region health, plan status …"""
     return format_html('<span class="badge {}-{}">{}</span>', kind, value, value)

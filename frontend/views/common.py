@@ -19,6 +19,7 @@ NAV: tuple[tuple[str, str, str], ...] = (
     ("plans", "Plans", "Placement changes proposed by the solver"),
     ("routing", "Routing", "Edges and the tables they route by"),
     ("costs", "Costs", "Spend by model, region and tenant; budgets"),
+    ("batches", "Batches", "Batch jobs: progress, errors, cancel"),
     ("alerts", "Alerts", "What is wrong now, and what was"),
     ("failover", "Failover", "Region health, incidents and drills"),
     ("events", "Events", "Who or what changed what, and why"),
