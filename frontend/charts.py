@@ -392,3 +392,47 @@ def batch_progress_figure(per_minute: Iterable[Mapping[str, Any]]) -> Figure:
         trace["line"]["shape"] = "hv"
         trace["mode"] = "lines+markers"
     return {"data": data, "layout": _time_layout("lines finished", height=220)}
+
+
+# -- rollouts -------------------------------------------------------------------------------
+
+STABLE_COLOUR = "#3182ce"
+CANARY_COLOUR = "#dd6b20"
+
+
+def rollout_figure(rows: Sequence[Mapping[str, Any]], stable: int, canary: int) -> Figure:
+    """The two revisions side by side at each step: TTFT p95 (ms) on the left, 5xx rate (%)
+    on the right. `rows`: the steps in order, each a `label` and its analysis `figures`
+    (`stable`/`canary` with `ttft_p95_s` and `error_rate`, None where unmeasured)."""
+    labels = [row["label"] for row in rows]
+
+    def values(side: str, key: str, scale: float) -> list[float | None]:
+        out: list[float | None] = []
+        for row in rows:
+            value = (row["figures"].get(side) or {}).get(key)
+            out.append(round(value * scale, 3) if value is not None else None)
+        return out
+
+    data: list[dict[str, Any]] = []
+    for side, number, colour in (("stable", stable, STABLE_COLOUR),
+                                 ("canary", canary, CANARY_COLOUR)):
+        name = f"revision {number} ({side})"
+        data.append({"type": "bar", "name": name, "legendgroup": side, "x": labels,
+                     "y": values(side, "ttft_p95_s", 1000.0), "marker": {"color": colour},
+                     "hovertemplate": f"{name}<br>TTFT p95 %{{y}} ms<extra>step %{{x}}</extra>"})
+        data.append({"type": "bar", "name": name, "legendgroup": side, "showlegend": False,
+                     "x": labels, "y": values(side, "error_rate", 100.0),
+                     "xaxis": "x2", "yaxis": "y2", "marker": {"color": colour},
+                     "hovertemplate": f"{name}<br>5xx %{{y}}%<extra>step %{{x}}</extra>"})
+    return {"data": data, "layout": {
+        "height": 280, "barmode": "group", "font": FONT,
+        "margin": {"l": 56, "r": 16, "t": 40, "b": 48},
+        "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
+        "xaxis": {"domain": [0, 0.46], "type": "category", "title": {"text": "step: weight"}},
+        "yaxis": {"title": {"text": "TTFT p95 (ms)"}, "gridcolor": GRID, "rangemode": "tozero"},
+        "xaxis2": {"domain": [0.54, 1], "type": "category", "anchor": "y2",
+                   "title": {"text": "step: weight"}},
+        "yaxis2": {"title": {"text": "5xx (%)"}, "gridcolor": GRID, "rangemode": "tozero",
+                   "anchor": "x2"},
+        "legend": {"orientation": "h", "x": 0, "y": 1.04, "yanchor": "bottom"},
+    }}

@@ -14,6 +14,7 @@ from frontend.views import (
     inventory,
     overview,
     plans,
+    rollouts,
     routing,
     tenants,
 )
@@ -37,6 +38,9 @@ urlpatterns = [
     path("plans/propose/", plans.propose, name="plan-propose"),
     path("plans/<int:pk>/", plans.plan_detail, name="plan"),
     path("plans/<int:pk>/<str:step>/", plans.review, name="plan-review"),
+    path("rollouts/", rollouts.rollout_list, name="rollouts"),
+    path("rollouts/<int:pk>/", rollouts.rollout_detail, name="rollout"),
+    path("rollouts/<int:pk>/<str:action>/", rollouts.act, name="rollout-act"),
     path("routing/", routing.routing, name="routing"),
     path("routing/edges/", routing.edge_table, name="routing-edges"),
     path("routing/<slug:edge>/diff/", routing.table_diff, name="routing-diff"),

@@ -17,6 +17,7 @@ NAV: tuple[tuple[str, str, str], ...] = (
     ("inventory", "Regions & inventory", "Clouds, regions, GPU prices and quota"),
     ("deployments", "Deployments", "What is served, where, and at what cost"),
     ("plans", "Plans", "Placement changes proposed by the solver"),
+    ("rollouts", "Rollouts", "New revisions on a growing share of traffic, judged at each step"),
     ("routing", "Routing", "Edges and the tables they route by"),
     ("costs", "Costs", "Spend by model, region and tenant; budgets"),
     ("batches", "Batches", "Batch jobs: progress, errors, cancel"),

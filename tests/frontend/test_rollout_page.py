@@ -1,0 +1,137 @@
+"""The rollouts pages: each rollout's timeline with its steps' figures and decisions, the
+revisions side by side, and the buttons platform operators steer it with (POST, CSRF,
+audited); tenant users see only rollouts of deployments they may see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from controlplane.core.models import AuditLog, Role
+from controlplane.rollouts import services
+from controlplane.rollouts.models import Rollout
+
+pytestmark = pytest.mark.django_db
+
+
+def judged(verdict: str, stable_ttft: float, canary_ttft: float, canary_errors: float = 0,
+           ) -> dict[str, Any]:
+    """A step's analysis as services.step_figures writes it."""
+    def side(revision: int, ttft: float, errors: float) -> dict[str, Any]:
+        return {"revision": revision, "edges": 2, "requests": 200.0, "errors": errors,
+                "error_rate": errors / 200, "ttft_p95_s": ttft, "itl_p95_s": 0.02}
+    checks = [{"name": "ttft_vs_stable", "value": canary_ttft, "limit": 1.2 * stable_ttft,
+               "passed": canary_ttft <= 1.2 * stable_ttft,
+               "says": f"canary TTFT p95 {canary_ttft:.3f} s against 1.2× the stable "
+                       f"revision's {stable_ttft:.3f} s"}]
+    return {"verdict": verdict, "why": "figures", "checks": checks,
+            "stable": side(1, stable_ttft, 0), "canary": side(2, canary_ttft, canary_errors)}
+
+
+@pytest.fixture
+def rollout(fleet):  # type: ignore[no-untyped-def]
+    rollout = services.start(fleet.acme, actor="ops", steps=[5, 50, 100], bake_s=30)
+    services.advance(rollout.pk, actor=services.ANALYST,
+                     figures=judged("pass", stable_ttft=0.2, canary_ttft=0.21))
+    return Rollout.objects.get(pk=rollout.pk)
+
+
+def test_the_timeline_shows_each_steps_figures_and_decision(signed_in, rollout):  # type: ignore[no-untyped-def]
+    response = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Rollout" in html and rollout.deployment.name in html
+    first, second = response.context["rows"]
+    assert first["step"].decision == "advanced" and first["ttft"] == "200 ms / 210 ms"
+    assert first["requests"] == "200 / 200" and first["errors"] == "0.0% / 0.0%"
+    assert second["live"] and second["step"].weight == 50  # under way: its window so far
+    assert 'id="canary-share">50%' in html
+    figure = response.context["figure"]
+    ttft = [t for t in figure["data"] if "TTFT" in t["hovertemplate"]]
+    assert [t["y"] for t in ttft] == [[200.0, None], [210.0, None]]
+    assert figure["data"][1]["xaxis"] == "x2"  # 5xx beside TTFT
+    # Viewers see no buttons.
+    assert "Roll back</button>" not in html and "Pause</button>" not in html
+
+
+def test_a_rolled_back_step_shows_the_failed_checks(signed_in, rollout):  # type: ignore[no-untyped-def]
+    services.roll_back(rollout.pk, actor=services.ANALYST, reason="canary TTFT p95 over",
+                       figures=judged("fail", stable_ttft=0.2, canary_ttft=0.9))
+    html = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "rolled_back" in html
+    assert "canary TTFT p95 0.900 s against 1.2× the stable revision&#x27;s 0.200 s: over" in html
+
+
+def test_a_platform_operator_pauses_resumes_and_rolls_back_from_the_page(signed_in, rollout):  # type: ignore[no-untyped-def]
+    client = signed_in(Role.OPERATOR)
+    page = client.get(f"/rollouts/{rollout.pk}/")
+    assert [name for name, _ in page.context["actions"]] == ["pause", "promote", "rollback"]
+    response = client.post(f"/rollouts/{rollout.pk}/pause/", {"reason": "look first"},
+                           follow=True)
+    assert "Pause: rollout" in response.content.decode()
+    assert Rollout.objects.get(pk=rollout.pk).state == "paused"
+    event = AuditLog.objects.get(action="rollout.paused")
+    assert event.actor == "operator-platform" and event.reason == "look first"
+    assert [n for n, _ in response.context["actions"]] == ["resume", "promote", "rollback"]
+    # An action the state does not allow says why and changes nothing.
+    refused = client.post(f"/rollouts/{rollout.pk}/pause/", follow=True)
+    assert "Nothing done: rollout" in refused.content.decode()
+    assert AuditLog.objects.filter(action="rollout.paused").count() == 1
+    client.post(f"/rollouts/{rollout.pk}/resume/")
+    client.post(f"/rollouts/{rollout.pk}/rollback/", {"reason": "by hand"})
+    rolled = Rollout.objects.get(pk=rollout.pk)
+    assert rolled.state == "rolled_back" and rolled.ended_by == "operator-platform"
+    assert rolled.deployment.canary_weight == 0
+
+
+def test_a_too_long_reason_is_refused_naming_the_field(signed_in, rollout):  # type: ignore[no-untyped-def]
+    response = signed_in(Role.OPERATOR).post(f"/rollouts/{rollout.pk}/rollback/",
+                                             {"reason": "x" * 501}, follow=True)
+    assert "Nothing done: reason:" in response.content.decode()
+    assert Rollout.objects.get(pk=rollout.pk).state == "running"
+    assert not AuditLog.objects.filter(action="rollout.rolled_back").exists()
+
+
+def test_an_unknown_action_is_404(signed_in, rollout):  # type: ignore[no-untyped-def]
+    assert signed_in(Role.OPERATOR).post(f"/rollouts/{rollout.pk}/explode/").status_code == 404
+
+
+@pytest.mark.parametrize("who", ["viewer", "tenant-operator"])
+def test_viewers_and_tenant_operators_are_refused(signed_in, rollout, tenants, who):  # type: ignore[no-untyped-def]
+    client = (signed_in(Role.VIEWER) if who == "viewer"
+              else signed_in(Role.OPERATOR, tenants["acme"]))
+    assert client.post(f"/rollouts/{rollout.pk}/rollback/").status_code == 403
+    assert Rollout.objects.get(pk=rollout.pk).state == "running"
+    assert not AuditLog.objects.filter(action="rollout.rolled_back").exists()
+
+
+def test_tenant_users_see_rollouts_of_their_deployments_only(signed_in, rollout, tenants):  # type: ignore[no-untyped-def]
+    acme = signed_in(Role.VIEWER, tenants["acme"])
+    assert acme.get(f"/rollouts/{rollout.pk}/").status_code == 200
+    assert f"rollout-{rollout.pk}" in acme.get("/rollouts/").content.decode()
+    globex = signed_in(Role.VIEWER, tenants["globex"])
+    assert globex.get(f"/rollouts/{rollout.pk}/").status_code == 404
+    assert f"rollout-{rollout.pk}" not in globex.get("/rollouts/").content.decode()
+
+
+def test_the_list_pages_queries_do_not_grow_with_the_rollouts(signed_in, fleet):  # type: ignore[no-untyped-def]
+    client = signed_in(Role.VIEWER)
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get("/rollouts/").status_code == 200
+        return len(captured)
+
+    def one_more(deployment: Any) -> None:
+        rollout = services.start(deployment, actor="ops", steps=[100], bake_s=30)
+        services.roll_back(rollout.pk, actor="ops")
+
+    one_more(fleet.acme)
+    few = queries()
+    for _ in range(5):
+        one_more(fleet.acme)
+        one_more(fleet.globex)
+    assert queries() == few
