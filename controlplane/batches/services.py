@@ -2,20 +2,28 @@
 running their lines against ready replicas.
 
 Execution: `process()` claims a chunk of lines with `FOR UPDATE SKIP LOCKED` (so several
-workers share one batch without sending a line twice), posts each to a ready replica of the
-batch's model that the tenant may use (its jurisdictions and regions; shared deployments or
-its own), and stores each line's result exactly once with a conditional UPDATE keyed on
-(batch, custom_id): a line whose result is stored is never claimed again. 429, 5xx, timeouts
-and refused connections are retried with exponential backoff and jitter up to
-`BATCH_MAX_ATTEMPTS`; other answers are final. When no line is left the output and error
-files are written in OpenAI's line format and the batch completes.
+workers share one batch without sending a line twice) and sends each through an edge at
+batch tier (`batch_edge_url`: BATCH_EDGE_URL, else the first enabled edge), with the
+batch's own key (`runner_key`: the tenant's identity, its jurisdictions) and
+`x-meridian-tier: batch`, so the edge serves interactive requests first. With no edge at
+all it posts to a ready replica of the batch's model that the tenant may use (its
+jurisdictions and regions; shared deployments or its own). How many lines go at once
+adapts (`concurrency`: halved when sends are refused for capacity or the target replicas'
+queues, KV cache or TTFT say so, one more otherwise). Each line's result is stored exactly
+once with a conditional UPDATE keyed on (batch, custom_id): a line whose result is stored is
+never claimed again. 429, 5xx, timeouts and refused connections are retried with
+exponential backoff and jitter up to `BATCH_MAX_ATTEMPTS`; other answers are final. When no
+line is left the output and error files are written in OpenAI's line format and the batch
+completes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import secrets
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -25,10 +33,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
+from controlplane.batches.concurrency import Limits, Pressure, lower_baseline, next_concurrency
 from controlplane.batches.models import (
     FINISHED,
     Batch,
@@ -38,14 +48,18 @@ from controlplane.batches.models import (
     FilePurpose,
     LineState,
 )
+from controlplane.batches.runner_key import ensure_runner_key, revoke_runner_key
 from controlplane.core.models import Tenant
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
+from controlplane.routing.models import Edge
+from controlplane.telemetry.services import metrics_source
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 METADATA_MAX_KEYS = 16
 METADATA_MAX_KEY = 64
 METADATA_MAX_VALUE = 512
+log = logging.getLogger(__name__)
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -330,11 +344,54 @@ def eligible_replicas(batch: Batch) -> list[Replica]:
     return list(rows)
 
 
-def send(url: str, body: dict[str, Any], timeout_s: float) -> Outcome:
-    request_id = "req_" + secrets.token_hex(12)
+def batch_edge_url() -> str | None:
+    """The edge lines are sent through: BATCH_EDGE_URL, else the first enabled edge with a
+    public URL (the lab's first edge); None: no edge, lines go straight to replicas."""
+    configured = _setting("BATCH_EDGE_URL", None)
+    if configured:
+        return str(configured).rstrip("/")
+    edge = Edge.objects.filter(enabled=True).exclude(public_url="").order_by("pk").first()
+    return edge.public_url.rstrip("/") if edge is not None else None
+
+
+@dataclass(frozen=True)
+class EdgeRoute:
+    """Sending a batch's lines through an edge: where, and the headers that say who at which
+    tier."""
+
+    url: str
+    headers: dict[str, str]
+
+
+def edge_route(batch: Batch) -> EdgeRoute | None:
+    base = batch_edge_url()
+    if base is None:
+        return None
+    return EdgeRoute(base, {"Authorization": f"Bearer {ensure_runner_key(batch)}",
+                            "x-meridian-tier": "batch"})
+
+
+def edge_knows_key(route: EdgeRoute, timeout_s: float = 5.0) -> bool:
+    """False while the edge refuses the batch's key (its table does not hold it yet: a new
+    key reaches the edges with the next table); any other answer, or none, is left to the
+    sends and their retries."""
+    request = urllib.request.Request(route.url + "/v1/models", headers=route.headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code != 401
+    except (TimeoutError, OSError):
+        return True
+
+
+def send(url: str, body: dict[str, Any], timeout_s: float,
+         headers: dict[str, str] | None = None, request_id: str = "") -> Outcome:
+    request_id = request_id or "req_" + secrets.token_hex(12)
     request = urllib.request.Request(
         url, data=json.dumps({**body, "stream": False}).encode(), method="POST",
-        headers={"Content-Type": "application/json", "x-request-id": request_id})
+        headers={"Content-Type": "application/json", "x-request-id": request_id,
+                 **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return Outcome(response.status, _json(response.read()), request_id)
@@ -417,6 +474,39 @@ def _start(batch: Batch) -> None:
         status=BatchStatus.IN_PROGRESS, in_progress_at=timezone.now())
 
 
+def send_id(line: BatchLine) -> str:
+    """The request id of one send of a line: its batch, line and attempt (what an audit of
+    the edges' and engines' logs matches sends by)."""
+    return f"req_{line.batch_id.removeprefix('batch_')}_{line.line_number}_{line.attempts}"
+
+
+def concurrency_limits() -> Limits:
+    return Limits(floor=1, ceiling=int(_setting("BATCH_MAX_CONCURRENCY", 64)))
+
+
+def _concurrency_key(batch_id: str) -> str:
+    return f"batches:concurrency:{batch_id}"
+
+
+def replica_pressure(replicas: list[Replica], sent: int, refused: int,
+                     baseline_s: float | None) -> Pressure:
+    """A round's answers and the target replicas' latest load, as AIMD reads them."""
+    stats = metrics_source().replica_stats({str(r.pk): r.url for r in replicas}, window_s=30)
+    live = [s for s in stats.values() if s.up]
+    ttfts = [s.ttft_p95_s for s in live if s.ttft_p95_s is not None]
+    return Pressure(sent=sent, refused=refused,
+                    waiting=max((s.waiting for s in live), default=0.0),
+                    kv_usage=max((s.kv_usage for s in live), default=0.0),
+                    ttft_p95_s=max(ttfts) if ttfts else None, ttft_baseline_s=baseline_s)
+
+
+def _adapt(state: dict[str, Any], pressure: Pressure, limits: Limits, batch_id: str) -> None:
+    state["n"], why = next_concurrency(state["n"], pressure, limits)
+    if why:
+        log.info("batch %s: concurrency %d (%s)", batch_id, state["n"], why)
+    state["ttft_baseline_s"] = lower_baseline(state["ttft_baseline_s"], pressure.ttft_p95_s)
+
+
 def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
     """Run a batch's due lines for about `budget_s`. None: the batch is finished (or was);
     a number: seconds until a line is next due, for the caller to come back then."""
@@ -426,7 +516,16 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
     _start(batch)
     Batch.objects.filter(pk=batch.pk).update(last_run_at=timezone.now())
     timeout_s = float(_setting("BATCH_REQUEST_TIMEOUT_S", 120.0))
-    chunk = int(_setting("BATCH_CHUNK", 8))
+    limits = concurrency_limits()
+    # What this worker last used for the batch, or BATCH_CHUNK to begin with.
+    state = cache.get(_concurrency_key(batch.pk)) or {
+        "n": int(_setting("BATCH_CHUNK", 8)), "ttft_baseline_s": None}
+    route = edge_route(batch)
+    route_checked = False
+    # The replicas' load is read every few seconds (telemetry is sampled no faster); each
+    # round's answers count every round.
+    pressure_every_s = float(_setting("BATCH_PRESSURE_EVERY_S", 5.0))
+    pressure_at = time.monotonic()
     started = timezone.now()
     while True:
         batch.refresh_from_db(fields=["status"])
@@ -446,18 +545,36 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
             # claimed and no attempt spent; the batch waits, until its window ends.
             wait = _idle(batch)
             return None if wait is None else _wait_cap()
-        lines = claim(batch, worker, chunk)
+        if route is not None and not route_checked:
+            if not edge_knows_key(route):
+                return min(_wait_cap(), 1.0)  # the key is on its way to the edge's table
+            route_checked = True
+        lines = claim(batch, worker, state["n"])
         if not lines:
             return _idle(batch)
 
         def run(item: tuple[int, BatchLine], _replicas: list[Replica] = replicas) -> Outcome:
-            replica = _replicas[(item[0] + random.randrange(len(_replicas))) % len(_replicas)]
-            return send(replica.url.rstrip("/") + batch.endpoint, item[1].body, timeout_s)
+            index, line = item
+            if route is not None:
+                return send(route.url + batch.endpoint, line.body, timeout_s, route.headers,
+                            send_id(line))
+            replica = _replicas[(index + random.randrange(len(_replicas))) % len(_replicas)]
+            return send(replica.url.rstrip("/") + batch.endpoint, line.body, timeout_s,
+                        request_id=send_id(line))
 
         with ThreadPoolExecutor(max_workers=len(lines)) as pool:
             outcomes = list(pool.map(run, enumerate(lines)))
         for line, outcome in zip(lines, outcomes, strict=True):
             record(line, worker, outcome)
+        refused = sum(1 for o in outcomes if o.status in (429, 503))
+        if time.monotonic() - pressure_at >= pressure_every_s:
+            pressure_at = time.monotonic()
+            pressure = replica_pressure(replicas, len(lines), refused,
+                                        state["ttft_baseline_s"])
+        else:
+            pressure = Pressure(sent=len(lines), refused=refused)
+        _adapt(state, pressure, limits, batch.pk)
+        cache.set(_concurrency_key(batch.pk), state, timeout=3600)
         if (timezone.now() - started).total_seconds() >= budget_s:
             return 0.0
 
@@ -519,6 +636,8 @@ def finalize(batch_id: str, status: str) -> Batch:
             BatchStatus(status)]
         setattr(batch, stamp, now)
         batch.save()
+    revoke_runner_key(batch.pk)
+    cache.delete(_concurrency_key(batch.pk))
     return batch
 
 

@@ -1,0 +1,48 @@
+"""The key a batch's lines are sent to an edge with: the tenant's identity, at batch tier.
+
+The edge knows tenants by their keys' hashes, and the control plane keeps no key's secret,
+so each batch gets a key of its own: an ApiKey of the batch's tenant (tier batch, the
+batch's model only), whose secret is derived from the control plane's SECRET_KEY and the
+batch id with HMAC. Any worker can derive it again and nothing secret is stored; the row
+reaches the edges' tables like any key, and is revoked when the batch finishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.batches.models import Batch
+from controlplane.core.hashing import KEY_PREFIX, display_prefix, sha256_hex
+from controlplane.core.models import ApiKey, Tier
+
+
+def key_name(batch_id: str) -> str:
+    return f"batch {batch_id}"
+
+
+def runner_secret(batch_id: str) -> str:
+    digest = hmac.new(settings.SECRET_KEY.encode(), f"meridian-batch:{batch_id}".encode(),
+                      hashlib.sha256).hexdigest()
+    return KEY_PREFIX + "b" + digest
+
+
+def ensure_runner_key(batch: Batch) -> str:
+    """The batch's key (made on first use); returns its secret."""
+    secret = runner_secret(batch.pk)
+    ApiKey.objects.get_or_create(
+        key_hash=sha256_hex(secret),
+        defaults={"tenant_id": batch.tenant_id, "name": key_name(batch.pk), "tier": Tier.BATCH,
+                  "allowed_models": [batch.model], "prefix": display_prefix(secret)})
+    return secret
+
+
+def revoke_runner_key(batch_id: str) -> None:
+    # One save per row (there is at most one) so the edges' tables drop it.
+    for key in ApiKey.objects.filter(key_hash=sha256_hex(runner_secret(batch_id)),
+                                     revoked_at__isnull=True):
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
