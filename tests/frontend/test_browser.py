@@ -19,6 +19,7 @@ from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.placement.models import Plan, PlanStatus
 from frontend.views.common import NAV
+from tests.frontend.batch_rows import make_batch
 from tests.frontend.fleet import Fleet, seed_fleet
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -119,6 +120,7 @@ def test_every_page_renders_without_errors_and_the_map_draws(
     tab: Callable[[], Tab], browser_fleet: Fleet, make_user: Callable[..., Any],
 ) -> None:
     make_user(Role.ADMIN, username="ada")
+    batch = make_batch(browser_fleet.acme.tenant, done=40, failed=3, running=2, queued=55)
     page = tab()
     page.open("/login/")
     page.shoot("sign-in")
@@ -154,6 +156,9 @@ def test_every_page_renders_without_errors_and_the_map_draws(
         ("costs", "/costs/", "main h1"),
         ("alerts", "/alerts/", "main h1"),
         ("failover", "/failover/", "main h1"),
+        ("rollouts", "/rollouts/", "table"),
+        ("batches", "/batches/", "#batch-table table"),
+        ("batch", f"/batches/{batch.pk}/", "#batch-progress .scatterlayer"),
         ("tenants", "/tenants/", "table"),
         ("tenant", "/tenants/acme/", "table"),
     ]
@@ -280,6 +285,41 @@ def test_operator_starts_a_drill_that_appears_on_the_timeline(
     assert page.problems == []
 
 
+def test_operator_pauses_and_rolls_back_a_rollout_from_its_timeline(
+    tab: Callable[[], Tab], browser_fleet: Fleet, make_user: Callable[..., Any],
+) -> None:
+    from controlplane.rollouts import services as rollouts
+    from controlplane.rollouts.models import Rollout
+
+    rollout = rollouts.start(browser_fleet.acme, actor="ops", steps=[5, 50, 100], bake_s=30)
+    side = {"edges": 1, "requests": 120.0, "errors": 0.0, "error_rate": 0.0,
+            "ttft_p95_s": 0.2, "itl_p95_s": 0.02}
+    rollouts.advance(rollout.pk, actor=rollouts.ANALYST, figures={
+        "verdict": "pass", "why": "within", "checks": [],
+        "stable": {**side, "revision": 1}, "canary": {**side, "revision": 2, "ttft_p95_s": 0.21}})
+    make_user(Role.OPERATOR, username="rita")
+    page = tab()
+    page.sign_in("rita")
+    page.page.on("dialog", lambda dialog: dialog.accept())
+    page.open("/rollouts/")
+    page.page.click(f"#rollout-{rollout.pk} a")
+    page.page.wait_for_selector("#rollout-chart .barlayer", state="attached")
+    assert "200 ms / 210 ms" in page.page.locator("#step-0").inner_text()
+    page.shoot("rollout")
+    page.page.fill("input[aria-label='Reason to pause']", "looking at the canary")
+    page.page.click("button:has-text('Pause')")
+    page.page.wait_for_selector(".message.success")
+    assert Rollout.objects.get(pk=rollout.pk).state == "paused"
+    page.page.click("button:has-text('Roll back')")
+    page.page.wait_for_selector(".message.success")
+    rolled = Rollout.objects.get(pk=rollout.pk)
+    assert rolled.state == "rolled_back" and rolled.ended_by == "rita"
+    assert AuditLog.objects.filter(actor="rita", action__in=[
+        "rollout.paused", "rollout.rolled_back"]).count() == 2
+    assert page.page.locator("button", has_text="Resume").count() == 0
+    assert page.problems == []
+
+
 def test_the_failover_page_follows_a_drill_without_a_reload(
     tab: Callable[[], Tab], browser_fleet: Fleet, catalog: dict[str, Any],
     make_user: Callable[..., Any],
@@ -347,4 +387,39 @@ def test_region_markers_are_drawn_above_the_edges_and_a_down_region_shows(
                     return t.querySelector('path.point').getBoundingClientRect().width; }""",
         edges)  # one SVG trace per figure trace, in the same order
     assert sizes[0] > edge_width > 0
+    assert page.problems == []
+
+
+def test_operator_cancels_a_batch_after_the_review_and_the_page_follows_it(
+    tab: Callable[[], Tab], tenants: dict[str, Any], make_user: Callable[..., Any],
+) -> None:
+    from controlplane.batches.models import Batch, BatchStatus
+
+    batch = make_batch(tenants["acme"], done=5, failed=1, running=1, queued=13)
+    make_user(Role.OPERATOR, username="otto")
+    page = tab()
+    page.sign_in("otto")
+    page.open("/batches/")
+    page.page.click(f"a:has-text('{batch.pk}')")
+    page.page.wait_for_selector("#batch-summary [role=progressbar]")
+    assert page.page.locator("#batch-errors tbody tr").count() == 1
+    page.page.fill("#batch-summary input[name=reason]", "wrong prompts")
+    page.page.click("button:has-text('Cancel batch')")
+    page.page.wait_for_selector("text=Nothing has happened yet")
+    page.shoot("batch-cancel-confirm")
+    page.page.click("button:has-text('Confirm: cancel this batch')")
+    page.page.wait_for_selector(".message.success")
+    # A line was in flight: the batch waits in cancelling for it.
+    assert Batch.objects.get(pk=batch.pk).status == BatchStatus.CANCELLING
+    assert AuditLog.objects.get(object_id=batch.pk, action="batch.cancelling").reason == \
+        "wrong prompts"
+    assert page.page.locator("#batch-summary").get_attribute("data-status") == "cancelling"
+    # The worker finishes it; the summary follows without a reload.
+    from controlplane.batches import services
+
+    services.finalize(batch.pk, BatchStatus.CANCELLED)
+    page.page.wait_for_function(
+        "() => document.querySelector('#batch-summary').dataset.status === 'cancelled'",
+        timeout=20_000)
+    assert page.page.locator("button", has_text="Cancel batch").count() == 0
     assert page.problems == []
