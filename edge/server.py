@@ -23,6 +23,7 @@ from edge import BUILD
 from edge.admin import AdminApi
 from edge.admission import CapacityQueue
 from edge.batch_forward import forwarded
+from edge.first_byte import FirstByteWatch
 from edge.health import Prober, ReplicaStats, record_failure, record_success
 from edge.httpserver import HttpServer
 from edge.logs import AccessLog
@@ -105,6 +106,7 @@ class Edge:
         self.queue = CapacityQueue(config.max_queue)
         self.pool = UpstreamPool(config.connect_timeout_s, config.upstream_timeout_s,
                                  dead_peer_s=config.dead_peer_timeout_s)
+        self.first_byte = FirstByteWatch(self.pool)
         self.access_log = AccessLog()
         self.client_api = ClientApi(self)
         self.admin_api = AdminApi(self)
@@ -221,6 +223,7 @@ class Edge:
         """
         self.load_last_known_good()
         self.pool.start()
+        self.first_byte.start()
         self.client_server = HttpServer(self.client_api.handle, self.config.max_body_bytes,
                                         self.config.client_idle_timeout_s,
                                         self.config.client_request_timeout_s,
@@ -249,6 +252,7 @@ class Edge:
             await asyncio.sleep(0.05)
         if self.client_server is not None:
             self.client_server.abort_all()
+        await self.first_byte.stop()
         await self.prober.stop()
         if self.puller is not None:
             await self.puller.stop()

@@ -24,7 +24,9 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
   may take) [0.5], `resume_streams_max` (resumptions per stream, 0 to 10; 0 turns
   resumption off) [2], `resume_deadline_s` (resumptions start within this many seconds of
   a stream's first cut) [30], `stream_stall_s` (a stream with no byte from its replica for
-  this long counts as cut) [10].
+  this long counts as cut) [10], `first_byte_timeout_s` (a request whose replica has sent
+  nothing of its answer this long after it was sent goes to another replica:
+  `edge.first_byte`) [30].
 - top-level `aliases`: `{"auto": {"rules": [{"max_prompt_tokens": 1000, "model": "small"}],
   "default": "large"}}`, or a plain `{"gpt-4o": "large"}`. Rules are tried in order; a rule
   may hold `max_prompt_tokens`, `min_prompt_tokens` and `tier`, and matches when all hold.
@@ -214,6 +216,7 @@ class Policy:
     resume_streams_max: int = 2
     resume_deadline_s: float = 30.0
     stream_stall_s: float = 10.0
+    first_byte_timeout_s: float = 30.0
 
 
 MAX_RESUMPTIONS = 10
@@ -432,6 +435,8 @@ def _policy(entry: Any) -> Policy:
                                defaults.resume_deadline_s),
         stream_stall_s=_get(entry, "stream_stall_s", "number", "policy",
                             defaults.stream_stall_s),
+        first_byte_timeout_s=_get(entry, "first_byte_timeout_s", "number", "policy",
+                                  defaults.first_byte_timeout_s),
     )
     if policy.retry_before_first_byte < 0 or policy.eject_after_failures < 1:
         raise TableError("policy: retries must be ≥ 0 and eject_after_failures ≥ 1", "policy")
@@ -449,6 +454,9 @@ def _policy(entry: Any) -> Policy:
     if not policy.stream_stall_s > 0:
         raise TableError(f"policy.stream_stall_s must be > 0 seconds, not "
                          f"{policy.stream_stall_s}", "policy.stream_stall_s")
+    if not policy.first_byte_timeout_s > 0:
+        raise TableError(f"policy.first_byte_timeout_s must be > 0 seconds, not "
+                         f"{policy.first_byte_timeout_s}", "policy.first_byte_timeout_s")
     return policy
 
 

@@ -352,7 +352,7 @@ class RoutingPolicySerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "scorers", "retry_before_first_byte", "eject_after_failures",
             "eject_base_s", "resume_streams_max", "resume_deadline_s", "stream_stall_s",
-            "aliases", "updated_at",
+            "first_byte_timeout_s", "aliases", "updated_at",
         ]
         read_only_fields = ["updated_at"]
 

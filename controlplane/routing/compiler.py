@@ -70,6 +70,7 @@ class PolicyView:
     resume_streams_max: int = 2
     resume_deadline_s: float = 30.0
     stream_stall_s: float = 10.0
+    first_byte_timeout_s: float = 30.0
 
 
 def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
@@ -150,5 +151,6 @@ def compile_table(
             "resume_streams_max": policy.resume_streams_max,
             "resume_deadline_s": policy.resume_deadline_s,
             "stream_stall_s": policy.stream_stall_s,
+            "first_byte_timeout_s": policy.first_byte_timeout_s,
         },
     }

@@ -34,6 +34,11 @@ class RoutingPolicy(models.Model):
         default=10.0, validators=[MinValueValidator(0.1)],
         help_text="A stream whose replica sends nothing for this long counts as cut.",
     )
+    first_byte_timeout_s = models.FloatField(
+        default=30.0, validators=[MinValueValidator(1.0), MaxValueValidator(600.0)],
+        help_text="A stream whose replica has sent no first token this long after the request "
+                  "goes to another replica (a hung engine whose kernel still acknowledges).",
+    )
     aliases = models.JSONField(
         default=dict, blank=True,
         help_text='Model aliases, e.g. {"auto": {"rules": [...], "default": "llama-3.1-8b"}}.',

@@ -48,6 +48,7 @@ def policy_view(policy: RoutingPolicy) -> compiler.PolicyView:
         eject_after_failures=policy.eject_after_failures, eject_base_s=policy.eject_base_s,
         aliases=policy.aliases, resume_streams_max=policy.resume_streams_max,
         resume_deadline_s=policy.resume_deadline_s, stream_stall_s=policy.stream_stall_s,
+        first_byte_timeout_s=policy.first_byte_timeout_s,
     )
 
 
