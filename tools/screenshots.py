@@ -24,6 +24,7 @@ PAGES = (  # name, path, what to wait for
     ("failover", "/failover/", "main h1"),
     ("costs", "/costs/?period=24h", "main h1"),
     ("alerts", "/alerts/", "main h1"),
+    ("batches", "/batches/", "#batch-table table"),
 )
 
 
