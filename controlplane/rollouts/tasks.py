@@ -1,4 +1,4 @@
-"""The rollouts' periodic check (every 10 s under beat)."""
+"""The rollouts' periodic check (every 2 s under beat)."""
 
 from __future__ import annotations
 
