@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.batches import audit, services, tasks
+from controlplane.batches.cost import batch_cost, cost_json
 from controlplane.batches.models import Batch, BatchFile, FilePurpose
 from controlplane.batches.services import BatchError
 from controlplane.core.hashing import sha256_hex
@@ -201,9 +202,15 @@ def batches(request: HttpRequest, key: ApiKey) -> HttpResponse:
     return JsonResponse(batch_object(batch))
 
 
+def batch_answer(batch: Batch) -> dict[str, Any]:
+    """OpenAI's batch object, with what Meridian adds under `meridian` (the cost: see
+    batches.cost), which OpenAI's clients leave alone."""
+    return {**batch_object(batch), "meridian": {"cost": cost_json(batch_cost(batch))}}
+
+
 @inference_api(("GET",))
 def batch_detail(request: HttpRequest, key: ApiKey, batch_id: str) -> HttpResponse:
-    return JsonResponse(batch_object(_batch(key, batch_id)))
+    return JsonResponse(batch_answer(_batch(key, batch_id)))
 
 
 @inference_api(("POST",))

@@ -278,13 +278,21 @@ class GroupCost:
 
 def replica_costs(hour: datetime, now: datetime) -> dict[tuple[str, str], GroupCost]:
     """What each (served model, region) cost over [hour, min(hour + 1 h, now))."""
-    end = min(hour + HOUR, now)
+    return window_costs(hour, hour + HOUR, now)
+
+
+def window_costs(start: datetime, end: datetime, now: datetime,
+                 model: str | None = None) -> dict[tuple[str, str], GroupCost]:
+    """What each (served model, region) cost over [start, min(end, now)); one model's only
+    when `model` names it."""
+    end = min(end, now)
     rows = (
         Replica.objects.filter(offer__isnull=False, created_at__lt=end)
-        .filter(Q(terminated_at__isnull=True) | Q(terminated_at__gt=hour))
+        .filter(Q(terminated_at__isnull=True) | Q(terminated_at__gt=start))
         .exclude(state=S.PENDING, terminated_at__isnull=True)
-        # Failed before this hour and never terminated: nothing billed since it failed.
-        .exclude(state=S.FAILED, terminated_at__isnull=True, state_changed_at__lte=hour)
+        # Failed before the window and never terminated: nothing billed since it failed.
+        .exclude(state=S.FAILED, terminated_at__isnull=True, state_changed_at__lte=start)
+        .filter(**({"deployment__served_model_name": model} if model is not None else {}))
         .annotate(usd_h=replica_usd_h_sql())
         .values("deployment__served_model_name", "deployment__tenant__name",
                 "region__cloud__name", "region__code", "usd_h", "created_at",
@@ -297,7 +305,7 @@ def replica_costs(hour: datetime, now: datetime) -> dict[tuple[str, str], GroupC
                                    row["state_changed_at"], now)
         if interval is None or row["usd_h"] is None:  # no price: nodes cannot hold its layout
             continue
-        seconds = overlap_s(interval[0], interval[1], hour, end)
+        seconds = overlap_s(interval[0], interval[1], start, end)
         if seconds <= 0:
             continue
         region = f"{row['region__cloud__name']}:{row['region__code']}"
