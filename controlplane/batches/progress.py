@@ -14,7 +14,7 @@ from django.db.models import Count, DecimalField, Func, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from controlplane.batches.models import FINISHED, Batch, BatchLine, LineState
+from controlplane.batches.models import Batch, BatchLine, BatchStatus, LineState
 
 # The rate behind an ETA is measured over this much of the recent past.
 RATE_WINDOW = timedelta(minutes=5)
@@ -37,7 +37,7 @@ class Progress:
     failed: int
     running: int
     tokens: int
-    eta_s: float | None  # None: unknown, or the batch is finished
+    eta_s: float | None  # None: unknown, or the batch is not running
 
     @property
     def finished(self) -> int:
@@ -96,7 +96,8 @@ def progress_of(batches: Iterable[Batch], now: datetime | None = None) -> dict[s
         row = counts.get(batch.pk, {})
         total, completed, failed = (int(row.get(k, 0)) for k in ("total", "completed", "failed"))
         eta = None
-        if batch.status not in FINISHED and batch.in_progress_at is not None:
+        # Only a running batch has an end to foresee: a cancelling one sends nothing more.
+        if batch.status == BatchStatus.IN_PROGRESS and batch.in_progress_at is not None:
             # A batch running for less than the window is measured since it started.
             window = min(RATE_WINDOW, now - batch.in_progress_at).total_seconds()
             eta = eta_s(total - completed - failed, row.get("recent", 0), window)

@@ -109,7 +109,10 @@ def _summary_context(request: HttpRequest, batch: Batch) -> dict[str, Any]:
 
 
 def _events(request: HttpRequest, batch: Batch) -> list[AuditLog]:
-    rows = AuditLog.objects.filter(object_type="batches.batch", object_id=batch.pk)
+    """The batch's events and its input file's."""
+    rows = AuditLog.objects.filter(
+        Q(object_type="batches.batch", object_id=batch.pk)
+        | Q(object_type="batches.batchfile", object_id=batch.input_file_id))
     return list(rows.visible_to(principal_of(request)).order_by("-at", "-id")[:EVENT_LIMIT])
 
 

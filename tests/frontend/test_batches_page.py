@@ -252,3 +252,14 @@ def test_eta_uses_only_the_last_minutes(tenants: Any) -> None:
     assert recent.eta_s == pytest.approx(10 * 300)
     late = progress.progress_of([old], now=now + timedelta(minutes=10))[old.pk]
     assert late.eta_s is None
+
+
+def test_a_cancelling_batch_has_no_eta_and_its_page_shows_its_files_events(
+        signed_in: Any, tenants: Any) -> None:
+    batch = make_batch(tenants["acme"], done=5, running=1, queued=10)
+    assert progress.progress_of([batch])[batch.pk].eta_s is not None
+    Batch.objects.filter(pk=batch.pk).update(status=BatchStatus.CANCELLING)
+    batch.refresh_from_db()
+    assert progress.progress_of([batch])[batch.pk].eta_s is None
+    body = text(signed_in(Role.VIEWER).get(reverse("frontend:batch", args=[batch.pk])))
+    assert "file.uploaded" in body and "batch.created" in body and "batch.cancelling" in body
