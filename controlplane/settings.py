@@ -174,6 +174,15 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 # Where batch workers send a batch's lines: an edge's public URL, at batch tier. Unset: the
 # first enabled edge in the registry; no edge at all: straight to the replicas.
 BATCH_EDGE_URL = env_url("MERIDIAN_BATCH_EDGE_URL")
+# A line's request gives up after BATCH_REQUEST_TIMEOUT_S; a line claimed longer ago than
+# BATCH_LEASE_S belongs to a worker that died and is claimed again, so the lease must be the
+# longer (else a live send could be sent twice).
+BATCH_REQUEST_TIMEOUT_S = env_float("MERIDIAN_BATCH_REQUEST_TIMEOUT_S", 120.0, above=0)
+BATCH_LEASE_S = env_float("MERIDIAN_BATCH_LEASE_S", 600.0, above=0)
+if BATCH_LEASE_S <= BATCH_REQUEST_TIMEOUT_S:
+    raise ImproperlyConfigured(
+        f"MERIDIAN_BATCH_LEASE_S ({BATCH_LEASE_S:g}) must be longer than "
+        f"MERIDIAN_BATCH_REQUEST_TIMEOUT_S ({BATCH_REQUEST_TIMEOUT_S:g})")
 
 
 class MeridianSettings(TypedDict):

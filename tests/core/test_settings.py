@@ -32,6 +32,9 @@ def start(**env: str) -> subprocess.CompletedProcess[str]:
     ("MERIDIAN_ALERT_WEBHOOK_URL", "ftp://example.org/hook"),
     ("MERIDIAN_ALERT_WEBHOOK_TIMEOUT_S", "61"),
     ("MERIDIAN_CATALOG_STALE_H", "a week"),
+    ("MERIDIAN_BATCH_EDGE_URL", "edge-eu:8100"),
+    ("MERIDIAN_BATCH_LEASE_S", "0"),
+    ("MERIDIAN_BATCH_REQUEST_TIMEOUT_S", "two minutes"),
 ])
 def test_a_wrong_value_stops_start_up_naming_the_variable(name: str, value: str) -> None:
     result = start(**{name: value})
@@ -44,3 +47,10 @@ def test_good_values_start() -> None:
                    MERIDIAN_ALERT_WEBHOOK_TIMEOUT_S="2.5", MERIDIAN_GPU_XID_HOLD_MIN="10")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "https://hooks.example.org/meridian"
+
+
+def test_a_batch_lease_no_longer_than_a_request_stops_start_up() -> None:
+    result = start(MERIDIAN_BATCH_LEASE_S="60", MERIDIAN_BATCH_REQUEST_TIMEOUT_S="60")
+    assert result.returncode != 0
+    assert "MERIDIAN_BATCH_LEASE_S (60) must be longer than MERIDIAN_BATCH_REQUEST_TIMEOUT_S" \
+        in result.stderr, result.stderr
