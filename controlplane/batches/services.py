@@ -586,8 +586,13 @@ def _idle(batch: Batch) -> float | None:
         finalize(batch.pk, BatchStatus.COMPLETED)
         return None
     due = left.filter(state=LineState.QUEUED).aggregate(at=Min("next_attempt_at"))["at"]
-    if due is None:  # only lines other workers hold: look again soon
-        return _wait_cap()
+    if due is None:
+        # Only lines other workers hold: look again when the oldest claim's lease ends
+        # (its worker may have died), or at the backoff cap.
+        claimed = left.aggregate(at=Min("claimed_at"))["at"]
+        if claimed is None:
+            return _wait_cap()
+        due = claimed + _lease()
     return min(_wait_cap(), max(0.0, (due - timezone.now()).total_seconds()))
 
 
