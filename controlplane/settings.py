@@ -199,6 +199,7 @@ class MeridianSettings(TypedDict):
     GPU_READING_RETENTION: timedelta
     ALERT_WEBHOOK_URL: str | None
     ALERT_WEBHOOK_TIMEOUT_S: float
+    LAB_NETNS: str
 
 
 MERIDIAN: MeridianSettings = {
@@ -229,6 +230,10 @@ MERIDIAN: MeridianSettings = {
     "ALERT_WEBHOOK_URL": env_url("MERIDIAN_ALERT_WEBHOOK_URL"),
     "ALERT_WEBHOOK_TIMEOUT_S": env_float("MERIDIAN_ALERT_WEBHOOK_TIMEOUT_S", 5.0,
                                          above=0, at_most=60),
+    # Lab regions whose engines run in a network namespace (REGION=NAMESPACE@ADDRESS, comma
+    # separated; provisioning/local.py parse_netns), as bench/failover.py --fault partition
+    # sets it. Unset: every lab engine on this machine's loopback.
+    "LAB_NETNS": env_str("MERIDIAN_LAB_NETNS", ""),
 }
 
 LOGGING = {
