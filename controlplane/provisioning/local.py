@@ -8,6 +8,12 @@ region that delays traffic by the great-circle distance between that region and 
 replica's. Both are detached (their own session and process group) and described by a JSON
 record under the state directory, so a restarted control plane re-adopts live ones
 (`adopt`) and reaps the rest (`reap`): the processes outlive the worker that started them.
+
+A lab region may live in a Linux network namespace (`netns`: region → `RegionNamespace`,
+from `MERIDIAN_LAB_NETNS`; `bench/failover.py --fault partition` makes them): its engines
+and relays then run inside it (`ip netns exec`, which execs, so pids and command lines are
+the program's own) and listen on its address, so taking its link down is a real partition —
+packets dropped, nothing acknowledged or reset — for the edges and the control plane alike.
 """
 
 from __future__ import annotations
@@ -178,6 +184,30 @@ def one_way_delay_ms(a: tuple[float, float], b: tuple[float, float],
 
 
 @dataclass(frozen=True)
+class RegionNamespace:
+    """The network namespace a lab region's processes run in, and its address there."""
+
+    name: str
+    address: str
+
+
+def parse_netns(text: str, variable: str = "MERIDIAN_LAB_NETNS") -> dict[str, RegionNamespace]:
+    """`local:eu-frankfurt=mrdnet-1-0@10.213.0.2,...` → region → namespace; ValueError naming
+    `variable` and the entry when one is malformed."""
+    out: dict[str, RegionNamespace] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        region, _, rest = entry.partition("=")
+        name, _, address = rest.partition("@")
+        if not region or not name or not address or any(c.isspace() for c in entry):
+            raise ValueError(f"{variable}: {entry!r} is not REGION=NAMESPACE@ADDRESS, e.g. "
+                             "local:eu-frankfurt=mrdnet-1-0@10.213.0.2")
+        out[region] = RegionNamespace(name, address)
+    return out
+
+
+@dataclass(frozen=True)
 class LabRegion:
     code: str  # as the control plane names it, e.g. "local:eu-frankfurt" (or bare)
     latitude: float
@@ -207,7 +237,8 @@ class LocalProvider:
                  python: str | None = None, price_usd_h: float = 0.0,
                  engine: str | None = None,
                  gpu: str = "H100", host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S,
-                 fixed_one_way_ms: float = FIXED_ONE_WAY_MS) -> None:
+                 fixed_one_way_ms: float = FIXED_ONE_WAY_MS,
+                 netns: Mapping[str, RegionNamespace] | None = None) -> None:
         # None: each replica runs the engine its spec names; a kind here overrides every spec.
         if engine not in (None, *ENGINE_KINDS):
             raise ValueError(f"engine must be None or one of {ENGINE_KINDS}, not {engine!r}")
@@ -227,6 +258,7 @@ class LocalProvider:
         self.host = host
         self.grace_s = grace_s
         self.fixed_one_way_ms = fixed_one_way_ms
+        self.netns = {self._aliases.get(k, k): v for k, v in (netns or {}).items()}
 
     # -- records ----------------------------------------------------------------------------
     def _record_path(self, replica_id: str) -> Path:
@@ -289,11 +321,13 @@ class LocalProvider:
         raise ProviderError("unavailable", "no vLLM on this machine: neither vLLM with a GPU "
                                            "nor its CPU build (run `make engine`)")
 
-    def engine_argv(self, spec: ReplicaSpec, port: int, kind: str | None = None) -> list[str]:
+    def engine_argv(self, spec: ReplicaSpec, port: int, kind: str | None = None,
+                    host: str | None = None) -> list[str]:
+        host = host or self.host
         if (kind or self.engine_kind(spec)) == "vllm":
             return [*self.vllm_command(), local_model(spec.model),
-                    *vllm_serve_args(spec, self.host, port)]
-        return [self.python, "-m", "enginesim", "--host", self.host, "--port", str(port),
+                    *vllm_serve_args(spec, host, port)]
+        return [self.python, "-m", "enginesim", "--host", host, "--port", str(port),
                 "--model", spec.model, "--served-model-name", spec.served_model_name,
                 "--profile", spec.engine_profile, "--max-model-len", str(spec.max_model_len),
                 "--enable-prompt-tokens-details", "--enable-scale-out"]
@@ -321,20 +355,23 @@ class LocalProvider:
         return min(cores, key=lambda core: (used[core], core))
 
     def relay_argv(self, upstream_port: int, relay_ports: Mapping[str, int],
-                   delays: Mapping[str, float]) -> list[str]:
+                   delays: Mapping[str, float], host: str | None = None) -> list[str]:
+        host = host or self.host
         argv = [self.python, "-m", "controlplane.provisioning.netem",
-                "--upstream", f"{self.host}:{upstream_port}"]
+                "--upstream", f"{host}:{upstream_port}"]
         for code in sorted(relay_ports):
-            argv += ["--listen", f"{self.host}:{relay_ports[code]}={delays[code]}"]
+            argv += ["--listen", f"{host}:{relay_ports[code]}={delays[code]}"]
         return argv
 
-    def _spawn(self, argv: list[str], replica_id: str, env: Mapping[str, str] | None = None
-               ) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], replica_id: str, env: Mapping[str, str] | None = None,
+               netns: str | None = None) -> subprocess.Popen[bytes]:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # `ip netns exec` execs the program: the pid and command line stay the program's.
+        command = ["ip", "netns", "exec", netns, *argv] if netns else argv
         with open(self.log_path(replica_id), "ab") as log:
             try:
                 return subprocess.Popen(
-                    argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     cwd=REPO_ROOT, env={**os.environ, **(env or {})},
                     start_new_session=True,  # own process group: killed as one, outlives us
                 )
@@ -343,8 +380,9 @@ class LocalProvider:
                                                    f"{exc}") from exc
 
     def _start_relay(self, record: dict[str, Any]) -> None:
-        argv = self.relay_argv(record["port"], record["relay_ports"], record["delays_ms"])
-        relay = self._spawn(argv, record["replica_id"])
+        argv = self.relay_argv(record["port"], record["relay_ports"], record["delays_ms"],
+                               record.get("host"))
+        relay = self._spawn(argv, record["replica_id"], netns=record.get("netns"))
         record.update(relay_pid=relay.pid, relay_cmdline=argv,
                       relay_pid_started=process_started(relay.pid))
 
@@ -360,15 +398,19 @@ class LocalProvider:
             return ProviderHandle(self.name, spec.replica_id, existing)
         delays = self.delays_from(region)
         kind = self.engine_kind(spec)
+        namespace = self.netns.get(region)
+        host = namespace.address if namespace else self.host
+        # A namespace's ports are its own; the root namespace's loopback picks unused numbers.
         port = free_port(self.host)
-        argv = self.engine_argv(spec, port, kind)
+        argv = self.engine_argv(spec, port, kind, host)
         relay_ports = {code: free_port(self.host) for code in delays}
         record: dict[str, Any] = {
             "replica_id": spec.replica_id, "region": region, "engine": kind,
             "served_model_name": spec.served_model_name, "port": port,
-            "url": f"http://{self.host}:{port}",
+            "host": host, "netns": namespace.name if namespace else None,
+            "url": f"http://{host}:{port}",
             "relay_ports": relay_ports, "delays_ms": delays,
-            "urls_by_region": {c: f"http://{self.host}:{p}" for c, p in relay_ports.items()},
+            "urls_by_region": {c: f"http://{host}:{p}" for c, p in relay_ports.items()},
             "log": str(self.log_path(spec.replica_id)),
             "started_at": datetime.now(UTC).isoformat(),
             "pid": None, "cmdline": argv, "relay_pid": None, "relay_cmdline": None,
@@ -381,7 +423,8 @@ class LocalProvider:
             record["core"] = (int(engine_env["VLLM_CPU_OMP_THREADS_BIND"]) if engine_env
                               else None)
             self._write_record(record)
-        engine = self._spawn(argv, spec.replica_id, {**spec.env, **engine_env})
+        engine = self._spawn(argv, spec.replica_id, {**spec.env, **engine_env},
+                             netns=record["netns"])
         record.update(pid=engine.pid, pid_started=process_started(engine.pid))
         self._write_record(record)
         try:
@@ -422,7 +465,8 @@ class LocalProvider:
     def _relay_listening(self, record: Mapping[str, Any]) -> bool:
         for relay_port in record.get("relay_ports", {}).values():
             try:
-                socket.create_connection((self.host, int(relay_port)), timeout=0.5).close()
+                socket.create_connection((record.get("host") or self.host, int(relay_port)),
+                                         timeout=0.5).close()
             except OSError:
                 return False
         return True

@@ -24,7 +24,7 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import engine_args_of
 from controlplane.deployments.shape import replica_nodes
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
-from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local import LocalProvider, parse_netns
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
 from controlplane.provisioning.skypilot import SkyPilotProvider
@@ -91,6 +91,7 @@ def local_provider_config() -> dict[str, Any]:
         "regions": [
             {"code": r.key, "latitude": r.latitude, "longitude": r.longitude} for r in regions
         ],
+        "netns": parse_netns(settings.MERIDIAN["LAB_NETNS"]),
     }
 
 
