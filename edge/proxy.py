@@ -461,8 +461,10 @@ class Exchange(Listener):
             self.client.abort()
             self.complete()
             return
-        if error.reused and not error.received_any and not self.fresh_connection:
+        if error.reused and not error.received_any and not error.timeout \
+                and not self.fresh_connection:
             # A pooled connection the replica had already closed; not the replica's fault.
+            # One that timed out (a partition, a hung engine) is: a fresh one would too.
             self.release_slot()
             self.fresh_connection = True
             assert self.replica is not None

@@ -386,7 +386,7 @@ def leg_data(ex: Exchange, data: bytes, end: bool) -> None:
 
 def leg_failed(ex: Exchange, error: UpstreamError) -> None:
     if ex.resumption is not None and error.reused and not error.received_any \
-            and not ex.fresh_connection and ex.replica is not None:
+            and not error.timeout and not ex.fresh_connection and ex.replica is not None:
         # A pooled connection the replica had closed: the same replica, on a new one.
         ex.release_slot()
         ex.fresh_connection = True

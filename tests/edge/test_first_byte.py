@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,11 +20,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.processes import die_with_parent
 from edge.table import TableError, parse_table
+from tests import netns
 
 from .conftest import TableFactory, replica
 from .helpers import free_port, running_edge, wait_until
-from .test_enginesim import _answers, start_enginesim
+from .test_enginesim import ROOT, _answers, start_enginesim
 
 LIMIT = {"first_byte_timeout_s": 1.0, "eject_after_failures": 1, "eject_base_s": 30.0,
          "stream_stall_s": 0.5}
@@ -199,3 +204,49 @@ def test_the_first_byte_timeout_defaults_to_30s_and_takes_the_tables_value(
     assert parse_table(make_table()).policy.first_byte_timeout_s == 30.0
     table = make_table(policy={"scorers": {"load": 1.0}, "first_byte_timeout_s": 45})
     assert parse_table(table).policy.first_byte_timeout_s == 45.0
+
+
+def test_a_pooled_connection_that_times_out_sends_the_request_elsewhere_at_once(
+        signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory,
+        netns_lab: netns.Lab, engines: list[int]) -> None:
+    """A kept-alive connection to a replica cut off by a partition fails by the dead-peer
+    timeout; that is the replica's fault, not a stale connection's, so the request goes to
+    another replica rather than to the same one on a new connection (which would hang for
+    the whole connect timeout, here longer than the client waits)."""
+    region = netns_lab.region()
+    port = free_port()
+    far_url = f"http://{region.address}:{port}"
+    far = region.popen([sys.executable, "-m", "enginesim", "--host", region.address, "--port",
+                        str(port), "--model", "sim"], cwd=ROOT, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=die_with_parent())
+    try:
+        async def scenario() -> None:
+            await wait_until(lambda: _answers_at(far_url), timeout_s=30)
+            table = make_table(models={"sim": [
+                replica("far", far_url, rtt_ms=1),
+                replica("near", f"http://127.0.0.1:{engines[1]}", rtt_ms=90)]},
+                policy={"scorers": {"latency": 1.0}, "eject_after_failures": 1})
+            async with running_edge(signing_key, state_dir, connect_timeout_s=60.0,
+                                    dead_peer_timeout_s=1.0) as edge:
+                assert (await edge.push(table, signing_key))[0] == 200
+                warm = await edge.chat("sim", "warm the pool", max_tokens=2)
+                assert warm.status == 200 and edge.edge.metrics.retries.get(("sim",)) == 0
+                await warm.read()
+                region.partition()
+                response = await edge.chat("sim", "after the cut", max_tokens=5)
+                assert response.status == 200, await response.text()
+                assert edge.edge.metrics.retries.get(("sim",)) == 1
+                assert edge.edge.stats["far"].ejected(time.monotonic())
+
+        asyncio.run(scenario())
+    finally:
+        far.kill()
+        far.wait()
+
+
+def _answers_at(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url + "/health", timeout=1).read()
+        return True
+    except OSError:
+        return False
