@@ -1,6 +1,7 @@
 """How far batches have got, read from their lines: counts, tokens used, the rate of the last
-minutes and the time left at that rate, a batch's failed lines and its progress over time.
-Read-only; the dashboard's Batches page shows what these return.
+minutes and the time left at that rate, what they cost so far (`batches.cost`), a batch's
+failed lines and its progress over time. Read-only; the dashboard's Batches page shows what
+these return.
 """
 
 from __future__ import annotations
@@ -10,14 +11,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, DecimalField, Func, Q, Sum
+from django.core.cache import cache
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from controlplane.batches.models import Batch, BatchLine, BatchStatus, LineState
+from controlplane.batches.cost import BatchCost, UsageTokens, batch_cost
+from controlplane.batches.models import FINISHED, Batch, BatchLine, BatchStatus, LineState
 
 # The rate behind an ETA is measured over this much of the recent past.
 RATE_WINDOW = timedelta(minutes=5)
+# How long a batch's cost is kept before it is worked out again: a running batch's grows,
+# a finished one's only moves with late telemetry.
+COST_TTL_RUNNING_S = 30
+COST_TTL_FINISHED_S = 3600
 
 
 def eta_s(remaining: int, finished_recently: int, window_s: float) -> float | None:
@@ -65,15 +72,6 @@ class Progress:
         return round(100 * self.failed / self.total, 2) if self.total else 0.0
 
 
-class UsageTokens(Func):
-    """Tokens the engine reported for a line's request (its `usage.total_tokens`); 0 where
-    the answer has no such number, so one odd answer cannot break a page."""
-
-    template = ("CASE WHEN jsonb_typeof(%(expressions)s -> 'usage' -> 'total_tokens') = 'number' "
-                "THEN (%(expressions)s -> 'usage' ->> 'total_tokens')::numeric ELSE 0 END")
-    output_field = DecimalField(max_digits=30, decimal_places=6)
-
-
 def progress_of(batches: Iterable[Batch], now: datetime | None = None) -> dict[str, Progress]:
     """Every batch's progress, by id, in one query over their lines."""
     now = now or timezone.now()
@@ -89,7 +87,7 @@ def progress_of(batches: Iterable[Batch], now: datetime | None = None) -> dict[s
                   failed=Count("id", filter=Q(state=LineState.FAILED)),
                   running=Count("id", filter=Q(state=LineState.RUNNING)),
                   recent=Count("id", filter=Q(finished_at__gte=since)),
-                  tokens=Sum(UsageTokens("result"), filter=Q(state=LineState.DONE)))
+                  tokens=Sum(UsageTokens(F("result")), filter=Q(state=LineState.DONE)))
     }
     out = {}
     for batch in rows:
@@ -132,3 +130,17 @@ def finished_per_minute(batch: Batch) -> list[dict[str, Any]]:
         .annotate(minute=TruncMinute("finished_at")).values("minute").order_by("minute")
         .annotate(completed=Count("id", filter=Q(state=LineState.DONE)),
                   failed=Count("id", filter=Q(state=LineState.FAILED)))]
+
+
+def costs_of(batches: Iterable[Batch]) -> dict[str, BatchCost]:
+    """Each batch's cost (`cost.batch_cost`, a few queries a batch), kept in the cache for
+    30 s while the batch runs and an hour once it has finished, so a list that refreshes
+    every 2 s does not work every cost out again each time."""
+    keys = {f"batches:cost:{batch.pk}:{batch.status}": batch for batch in batches}
+    found: dict[str, BatchCost] = cache.get_many(list(keys))
+    for key, batch in keys.items():
+        if key not in found:
+            found[key] = batch_cost(batch)
+            cache.set(key, found[key], COST_TTL_FINISHED_S if batch.status in FINISHED
+                      else COST_TTL_RUNNING_S)
+    return {batch.pk: found[key] for key, batch in keys.items()}

@@ -32,6 +32,15 @@ def usd(value: Decimal | float | None) -> str:
 
 
 @register.filter
+def usd_fine(value: Decimal | float | None) -> str:
+    """Money that may be less than a cent (a batch's cost): to the cent from a cent up,
+    else to four significant figures ($0.003412)."""
+    if value is not None and value != "" and 0 < abs(float(value)) < 0.01:
+        return format_usd(value, per_mtok=True)
+    return format_usd(value)
+
+
+@register.filter
 def usd_per_mtok(value: Decimal | float | None) -> str:
     """$ per million tokens to four significant figures, as the API: $984.7, $0.2135."""
     return format_usd(value, per_mtok=True)

@@ -1,5 +1,6 @@
-"""Batches: every batch the viewer may see with its progress, counts, ETA and tokens; one
-batch's failed lines, progress over time and events; cancel for operators, after a review."""
+"""Batches: every batch the viewer may see with its progress, counts, ETA, tokens and cost;
+one batch's failed lines, progress over time and events; cancel for operators, after a
+review."""
 
 from __future__ import annotations
 
@@ -58,11 +59,13 @@ def _table_context(request: HttpRequest) -> dict[str, Any]:
     page = paginate(request, rows)
     batches = list(page)
     figures = progress.progress_of(batches)
+    costs = progress.costs_of(batches)
     in_flight = any(b.status not in FINISHED for b in batches)
     return {
         "form": form,
         "page": page,
-        "rows": [(b, figures[b.pk], progress.finished_at(b)) for b in batches],
+        "rows": [{"batch": b, "progress": figures[b.pk], "cost": costs[b.pk],
+                  "finished_at": progress.finished_at(b)} for b in batches],
         "query": query_without_page(request),
         "refresh_s": fleet.refresh_s(in_flight),
     }
@@ -100,6 +103,7 @@ def _summary_context(request: HttpRequest, batch: Batch) -> dict[str, Any]:
     return {
         "batch": batch,
         "progress": progress.progress_of([batch])[batch.pk],
+        "cost": progress.costs_of([batch])[batch.pk],
         "finished_at": progress.finished_at(batch),
         "retrying": progress.retrying(batch),
         "finished": batch.status in FINISHED,

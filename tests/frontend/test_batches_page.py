@@ -15,9 +15,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from controlplane.batches import progress
+from controlplane.batches.cost import batch_cost
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.models import AuditLog, Role
-from frontend.templatetags.meridian import duration
+from controlplane.core.money import format_usd
+from frontend.templatetags.meridian import duration, usd_fine
 from tests.frontend.batch_rows import finish, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -227,9 +229,11 @@ def test_the_pages_queries_do_not_grow_with_the_batches(signed_in: Any, tenants:
             out.append(len(queries))
         return out
 
+    counts()  # each batch's cost is worked out once, then kept (test_costs_are_kept)
     small = counts()
     for i in range(12):
         make_batch(tenants["acme" if i % 2 else "globex"], done=3, failed=2, queued=4)
+    counts()
     assert counts() == small
     assert max(small) <= MOST_QUERIES
 
@@ -263,3 +267,69 @@ def test_a_cancelling_batch_has_no_eta_and_its_page_shows_its_files_events(
     assert progress.progress_of([batch])[batch.pk].eta_s is None
     body = text(signed_in(Role.VIEWER).get(reverse("frontend:batch", args=[batch.pk])))
     assert "file.uploaded" in body and "batch.created" in body and "batch.cancelling" in body
+
+
+@pytest.fixture
+def priced(catalog: Any) -> Any:
+    """The batches' model on one replica at the catalog's H100 price since two hours ago,
+    its engine's token counters sampled before and while the batches run."""
+    from django.utils import timezone
+
+    from controlplane.deployments.models import Deployment, Replica
+    from controlplane.telemetry.models import ReplicaSample
+    from regions.models import Offer
+
+    now = timezone.now()
+    deployment = Deployment.objects.create(name="llama", served_model_name="llama-3.1-8b",
+                                           model=catalog["llama8b"])
+    offer = Offer.objects.get(region=catalog["fra"], gpu_type=catalog["h100"])
+    replica = Replica.objects.create(deployment=deployment, region=catalog["fra"], offer=offer,
+                                     state="ready")
+    Replica.objects.filter(pk=replica.pk).update(created_at=now - timedelta(hours=2),
+                                                 state_changed_at=now - timedelta(hours=2))
+    for ago_s, tokens in ((400, 0), (240, 1000), (120, 3000), (0, 9000)):
+        ReplicaSample.objects.create(replica=replica, at=now - timedelta(seconds=ago_s),
+                                     counters={"prompt_tokens": tokens / 2,
+                                               "generation_tokens": tokens / 2})
+    return replica
+
+
+def test_money_under_a_cent_keeps_four_figures() -> None:
+    assert [usd_fine(v) for v in (None, 0, 0.003412, 0.5, 12.289)] == [
+        "—", "$0.00", "$0.003412", "$0.50", "$12.29"]
+
+
+def test_each_batch_shows_its_cost_and_its_price_beside_the_interactive_one(
+        signed_in: Any, tenants: Any, priced: Any) -> None:
+    batch = finish(make_batch(tenants["acme"], done=40, failed=2, finished_over_s=120))
+    cost = batch_cost(batch)
+    assert cost.usd is not None and cost.usd > 0 and cost.ratio_vs_interactive is not None
+    client = signed_in(Role.VIEWER, tenants["acme"])
+    body = text(client.get(reverse("frontend:batches")))
+    row = re.search(rf'<tr data-batch="{batch.pk}">(.*?)</tr>', body).group(1)  # type: ignore[union-attr]
+    assert usd_fine(cost.usd) in row
+    assert format_usd(cost.usd_per_mtok, per_mtok=True) in row
+    assert f"{cost.ratio_vs_interactive:,.2f}× interactive" in row
+    detail = text(client.get(reverse("frontend:batch", args=[batch.pk])))
+    assert (f"Interactive {format_usd(cost.interactive_usd_per_mtok, per_mtok=True)}/Mtok "
+            "just before it began") in detail
+
+
+def test_a_batch_not_started_has_spent_nothing(signed_in: Any, tenants: Any) -> None:
+    batch = make_batch(tenants["acme"], queued=3)
+    Batch.objects.filter(pk=batch.pk).update(status=BatchStatus.VALIDATING, in_progress_at=None)
+    body = text(signed_in(Role.VIEWER).get(reverse("frontend:batch", args=[batch.pk])))
+    assert "Not started: nothing spent yet." in body
+
+
+def test_costs_are_kept_and_worked_out_again_when_the_status_changes(
+        tenants: Any, priced: Any) -> None:
+    batch = make_batch(tenants["acme"], done=4, queued=4)
+    first = progress.costs_of([batch])[batch.pk]
+    with CaptureQueriesContext(connection) as queries:
+        assert progress.costs_of([batch])[batch.pk] == first
+    assert len(queries) == 0
+    finish(batch)
+    with CaptureQueriesContext(connection) as queries:
+        progress.costs_of([batch])
+    assert len(queries) > 0
