@@ -70,6 +70,12 @@ MAX_REMEMBERED_KEYS = 4096
 ANY_REVISION = "*"
 
 
+def limit_key(tenant: str, tier: str) -> str:
+    """Whose RPM/TPM budget a request spends: batch-tier requests have one of their own (the
+    tenant's limits again), so a tenant's batch never uses up its interactive budget."""
+    return tenant if tier == "interactive" else tenant + "|batch"
+
+
 class Exchange(Listener):
     """One completion request on its way through the edge."""
 
@@ -180,7 +186,8 @@ class Exchange(Listener):
             prefix_on = route[1]
             charged = 0
             if tenant.rpm > 0 or tenant.tpm > 0:
-                charged = edge.limiter.take(tenant.tenant, tenant.rpm, tenant.tpm,
+                charged = edge.limiter.take(limit_key(tenant.tenant, self.tier),
+                                            tenant.rpm, tenant.tpm,
                                             self.prompt_tokens_est, time.monotonic())
                 if charged < 0:
                     api.admit(tenant, self)  # refuses, or admits after all
@@ -792,7 +799,8 @@ class ClientApi:
         if tenant.rpm <= 0 and tenant.tpm <= 0:
             return
         edge = self.edge
-        verdict = edge.limiter.admit(tenant.tenant, tenant.rpm, tenant.tpm,
+        verdict = edge.limiter.admit(limit_key(tenant.tenant, exchange.tier), tenant.rpm,
+                                     tenant.tpm,
                                      exchange.prompt_tokens_est, time.monotonic())
         if not verdict.allowed:
             edge.metrics.rate_limited.inc((tenant.tenant, verdict.limit))
@@ -898,7 +906,7 @@ class ClientApi:
             metrics.tokens.inc((model, region, tenant, "prompt"), exchange.prompt_tokens)
             metrics.tokens.inc((model, region, tenant, "completion"), exchange.completion_tokens)
             if tenant_rules is not None and tenant_rules.tpm > 0:
-                edge.limiter.settle(tenant, exchange.charged_tokens,
+                edge.limiter.settle(limit_key(tenant, exchange.tier), exchange.charged_tokens,
                                     exchange.prompt_tokens + exchange.completion_tokens,
                                     time.monotonic())
         if exchange.status == 0:
