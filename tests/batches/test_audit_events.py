@@ -159,3 +159,25 @@ def test_a_change_that_touches_no_stage_is_not_an_event(fleet: Any) -> None:
     count = AuditLog.objects.count()
     Batch.objects.filter(pk=batch_id).update(last_run_at=timezone.now(), metadata={"a": "b"})
     assert AuditLog.objects.count() == count
+
+
+def test_a_change_made_in_the_admin_names_the_admin_user(fleet: Any, rf: Any,
+                                                         admin_user: Any) -> None:
+    from django.contrib import admin
+
+    batch_id = new_batch(client(fleet["acme"]), "hello")
+    batch = Batch.objects.get(pk=batch_id)
+    request = rf.post("/admin/")
+    request.user = admin_user
+    batch.status, batch.failed_at = BatchStatus.FAILED, timezone.now()
+    admin.site._registry[Batch].save_model(request, batch, _Form(["status"]), True)
+    assert AuditLog.objects.get(object_id=batch_id, action="batch.failed").actor == "admin"
+    assert events(batch_id)[-1] == ("update", "admin")  # the admin's own event
+
+
+class _Form:
+    """What AuditedAdmin reads of a change form."""
+
+    def __init__(self, changed: list[str]) -> None:
+        self.changed_data = changed
+        self.cleaned_data = {name: "x" for name in changed}
