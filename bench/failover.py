@@ -17,12 +17,23 @@ region on every edge (polled from each edge's /admin/replicas), and to replaceme
 (the incident's timeline); TTFT p95 before the kill, until the replacements are ready, and
 after.
 
+With `--fault partition` the region is cut off instead of killed: every lab region's engines
+and relays run in a Linux network namespace of their own (`MERIDIAN_LAB_NETNS`, made here as
+tests/netns.py makes them, as root), and the drill sets the region's end of its veth link
+down, so its packets are dropped and nothing is reset or refused — the engines keep running,
+unreachable. The control plane finds out by its probes timing out, the edge by its connect,
+dead-peer, first-byte and per-token timeouts. Where namespaces cannot be made (not root, no
+`ip`), the region's relays are black-holed instead (SIGUSR1: they stop forwarding and hold
+every byte, though their own kernel still acknowledges, so the edge sees hung engines rather
+than a silent network); `partitioned_by` in the JSON says which. SIGSTOP of the engines
+would not be a partition either: their kernel would still acknowledge every packet.
+
 With `--engine vllm` the lab serves SmolLM2-135M-Instruct from real vLLM engines (the CPU
 build from `make engine`, one core each): two regions with one engine each, so no more than
 two real engines run at once (the killed one's replacement starts once it is dead). Only the
 first drill runs: the second would kill the region holding every engine left.
 
-    python bench/failover.py [--quick] [--engine vllm]
+    python bench/failover.py [--quick] [--engine vllm] [--fault kill|partition]
 
 Progress on stderr; one JSON line last on stdout.
 """
@@ -54,11 +65,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from controlplane.lab.processes import die_with_parent  # noqa: E402
+from tests import netns  # noqa: E402
 
 # The lab's served model name per engine (controlplane.lab.fleet.FLEETS).
 MODELS = {"enginesim": "llama-3.1-8b", "vllm": "smollm2-135m-instruct"}
 # Replicas per region: real engines take a core each, and the machine has two.
 REPLICAS_PER_REGION = {"enginesim": 2, "vllm": 1}
+# The lab's regions, in the order it starts them (controlplane.lab.regions.LAB_REGIONS).
+LAB_REGION_KEYS = ("local:eu-frankfurt", "local:us-virginia", "local:ap-tokyo")
 
 
 def log(message: str) -> None:
@@ -320,7 +334,9 @@ def p95(values: list[float]) -> float | None:
 # -- one drill --------------------------------------------------------------------------------
 
 async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s: float,
-                timeout_s: float, model: str = MODELS["enginesim"]) -> dict[str, Any]:
+                timeout_s: float, model: str = MODELS["enginesim"],
+                cut: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Kill `region` through the drill API, or, given `cut`, cut it off with that."""
     client_url, _ = lab.edges[region]
     admins = [admin for _, admin in lab.edges.values()]
     resumed_before = await asyncio.to_thread(resumptions, admins)
@@ -328,21 +344,34 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
     stop = asyncio.Event()
     runner = asyncio.create_task(load.run(stop))
     await asyncio.sleep(warm_s)
-    log(f"  {len(load.outcomes)} requests in {warm_s:.0f} s of warm-up; killing {region}")
-    incident = await asyncio.to_thread(api, "POST", f"{lab.base}/api/v1/incidents/drill/",
-                                       lab.token, {"region": region})
-    started = _iso(incident["started_at"])
+    log(f"  {len(load.outcomes)} requests in {warm_s:.0f} s of warm-up; "
+        f"{'killing' if cut is None else 'partitioning'} {region}")
+    if cut is None:
+        incident = await asyncio.to_thread(api, "POST", f"{lab.base}/api/v1/incidents/drill/",
+                                           lab.token, {"region": region})
+        started = _iso(incident["started_at"])
+    else:
+        started = time.time()
+        await asyncio.to_thread(cut, region)
     tables_at = await _tables_without(lab, region, started, timeout_s)
     log(f"  every edge's table is without {region} at +{tables_at - started:.2f} s")
-    ready_at = None
+    ready_at = down_at = None
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    # The region goes down before its replacements are ready, if it goes down at all.
+    while time.monotonic() < deadline and ready_at is None:
+        if down_at is None:
+            down_at = await asyncio.to_thread(_region_down_at, lab, region)
+        if cut is not None:
+            incident = await asyncio.to_thread(_incident_since, lab, region, started)
+            if incident is None:
+                await asyncio.sleep(0.25)
+                continue
         detail = await asyncio.to_thread(api, "GET", f"{lab.base}/api/v1/incidents/"
                                          f"{incident['id']}/", lab.token)
-        if detail["replacement_ready_at"]:
+        if detail["replacement_ready_at"] and ready_at is None:
             ready_at = _iso(detail["replacement_ready_at"])
-            break
         await asyncio.sleep(0.25)
+    log("  region down at " + (f"+{down_at - started:.2f} s" if down_at else "— (never)"))
     log("  replacements ready at " + (f"+{ready_at - started:.2f} s" if ready_at else "— (timed out)"))
     await asyncio.sleep(after_s)
     stop.set()
@@ -369,6 +398,7 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
         "resumed_text_ok": text_ok,
         "s_to_last_error": None if last_error is None else round(max(last_error - started, 0.0), 3),
         "s_to_tables_pushed": round(tables_at - started, 3),
+        "s_to_region_down": None if down_at is None else round(down_at - started, 3),
         "s_to_replacement_ready": None if ready_at is None else round(ready_at - started, 3),
         "ttft_p95_s": {phase: p95(values) for phase, values in ttft.items()},
         "errors": sorted({o.detail for o in failures})[:5],
@@ -378,6 +408,69 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
         f"resumed (text as the engine's: {result['resumed_text_ok']}); last error at "
         f"{result['s_to_last_error']} s")
     return result
+
+
+def _region_down_at(lab: Lab, region: str) -> float | None:
+    """When the control plane marked `region` down, if it has (its health row's change)."""
+    rows = api("GET", f"{lab.base}/api/v1/region-health/?state=down&page_size=100",
+               lab.token)["results"]
+    for row in rows:
+        if row["region"] == region:
+            return _iso(row["changed_at"])
+    return None
+
+
+def _incident_since(lab: Lab, region: str, since: float) -> dict[str, Any] | None:
+    """The incident the control plane opened for `region` after `since` (a partition is
+    found by the failover loop, not started through the drill API)."""
+    rows = api("GET", f"{lab.base}/api/v1/incidents/?ordering=-started_at&page_size=20",
+               lab.token)["results"]
+    for row in rows:
+        if row["region"] == region and _iso(row["started_at"]) >= since - 1.0:
+            return dict(row)
+    return None
+
+
+# -- partitions -------------------------------------------------------------------------------
+
+class Partitions:
+    """How `--fault partition` cuts a region off: with network namespaces, every lab region's
+    engines run in one of its own (`MERIDIAN_LAB_NETNS`, read by the lab's workers) and its
+    link goes down; without them, the region's relays are black-holed (SIGUSR1)."""
+
+    def __init__(self, regions: Sequence[str], var_dir: Path) -> None:
+        self.var_dir = var_dir
+        self.why_not_netns = netns.why_unavailable()
+        self.by = ("relay black hole (SIGUSR1): no network namespaces here, "
+                   f"{self.why_not_netns}" if self.why_not_netns else
+                   "network namespace, link down (packets dropped, no reset)")
+        self._lab: netns.Lab | None = None
+        self.regions: dict[str, netns.Region] = {}
+        if self.why_not_netns is None:
+            self._lab = netns.Lab()
+            self._lab.start()
+            for key in regions:
+                self.regions[key] = self._lab.region()
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return {"MERIDIAN_LAB_NETNS": ",".join(
+            f"{key}={r.name}@{r.address}" for key, r in self.regions.items())}
+
+    def cut(self, region: str) -> None:
+        if region in self.regions:
+            self.regions[region].partition()
+            return
+        for path in (self.var_dir / "lab" / "replicas").glob("*.json"):
+            record = json.loads(path.read_text())
+            if record.get("region") == region and record.get("relay_pid"):
+                os.kill(int(record["relay_pid"]), signal.SIGUSR1)
+
+    def close(self) -> None:
+        """Remove the namespaces and whatever still runs inside them."""
+        if self._lab is not None:
+            self._lab.close()
+            self._lab = None
 
 
 def _iso(value: str) -> float:
@@ -410,6 +503,9 @@ def main() -> None:
     parser.add_argument("--engine", choices=("enginesim", "vllm"), default="enginesim",
                         help="what the lab's replicas run: enginesim (default) or real vLLM "
                              "CPU engines (`make engine`)")
+    parser.add_argument("--fault", choices=("kill", "partition"), default="kill",
+                        help="how the region dies: its processes SIGKILLed (default), or its "
+                             "network cut off with the processes left running")
     args = parser.parse_args()
     concurrency = args.concurrency or (8 if args.quick else 24)
     warm_s, after_s = (4.0, 3.0) if args.quick else (15.0, 15.0)
@@ -420,27 +516,40 @@ def main() -> None:
     timeout_s = 300.0 if real else 90.0
     model = MODELS[args.engine]
     bare = None
+    verb = "kill" if args.fault == "kill" else "partition"
     with tempfile.TemporaryDirectory(prefix="meridian-failover-") as tmp:
+        partitions = None
+        if args.fault == "partition":
+            partitions = Partitions(LAB_REGION_KEYS[:regions], Path(tmp))
+            log(f"partitions by {partitions.by}")
+            os.environ.update(partitions.environment)  # the lab and its workers inherit it
         log(f"starting the lab ({regions} local regions × {per_region} {args.engine} "
             "replicas, 2 edges)")
         started = time.monotonic()
-        lab = start_lab(Path(tmp), args.engine)
         try:
-            wait_ready(lab, regions * per_region, timeout_s=300 if real else 180)
-            log(f"lab ready in {time.monotonic() - started:.0f} s")
-            log("run 1 (normal): kill local:eu-frankfurt under load through edge-eu")
-            normal = asyncio.run(drill(lab, "local:eu-frankfurt", concurrency, warm_s, after_s,
-                                       timeout_s, model))
-            if not real:
-                log("run 2 (no_ejection): passive ejection off; kill local:us-virginia via "
-                    "edge-us")
-                set_ejection(lab, 100)
-                time.sleep(2)  # the policy reaches the edges with the next table
-                bare = asyncio.run(drill(lab, "local:us-virginia", concurrency, warm_s,
-                                         after_s, timeout_s, model))
+            lab = start_lab(Path(tmp), args.engine)
+            try:
+                wait_ready(lab, regions * per_region, timeout_s=300 if real else 180)
+                log(f"lab ready in {time.monotonic() - started:.0f} s")
+                cut = partitions.cut if partitions is not None else None
+                log(f"run 1 (normal): {verb} local:eu-frankfurt under load through edge-eu")
+                normal = asyncio.run(drill(lab, "local:eu-frankfurt", concurrency, warm_s,
+                                           after_s, timeout_s, model, cut))
+                if not real:
+                    log(f"run 2 (no_ejection): passive ejection off; {verb} local:us-virginia "
+                        "via edge-us")
+                    set_ejection(lab, 100)
+                    time.sleep(2)  # the policy reaches the edges with the next table
+                    bare = asyncio.run(drill(lab, "local:us-virginia", concurrency, warm_s,
+                                             after_s, timeout_s, model, cut))
+            finally:
+                stop_lab(lab)
         finally:
-            stop_lab(lab)
+            if partitions is not None:
+                partitions.close()
     print(json.dumps({"benchmark": "failover", "engine": args.engine, "quick": args.quick,
+                      "fault": args.fault,
+                      "partitioned_by": partitions.by if partitions is not None else None,
                       "concurrency": concurrency,
                       **{k: v for k, v in normal.items() if k != "errors"},
                       "runs": {"normal": normal, "no_ejection": bare},
