@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -424,18 +424,24 @@ def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
 
 def record(line: BatchLine, worker: str, outcome: Outcome) -> bool:
     """Store a line's outcome once. Success or a final failure is written by an UPDATE that
-    only matches while the line has no stored result; a retryable failure puts it back in
-    the queue with a backoff, unless its attempts are spent. True when this call wrote."""
+    only matches while the line has no stored result and this worker still holds it; a
+    retryable failure puts it back in the queue with a backoff, unless its attempts are
+    spent. True when this call wrote.
+
+    A worker whose lease ran out may find its lines claimed again by another: it stores
+    nothing for them, the other worker's send does. Storing it anyway would race that
+    claim, and the other worker would send a line whose result was already stored."""
     now = timezone.now()
     max_attempts = int(_setting("BATCH_MAX_ATTEMPTS", 5))
     unfinished = BatchLine.objects.filter(batch_id=line.batch_id, custom_id=line.custom_id,
-                                          finished_at__isnull=True)
+                                          finished_at__isnull=True, state=LineState.RUNNING,
+                                          worker=worker)
     if outcome.status is not None and 200 <= outcome.status < 300:
         return unfinished.update(state=LineState.DONE, response_status=outcome.status,
                                  request_id=outcome.request_id, result=outcome.body,
                                  error=None, finished_at=now) == 1
     if outcome.retryable and line.attempts < max_attempts:
-        return unfinished.filter(state=LineState.RUNNING, worker=worker).update(
+        return unfinished.update(
             state=LineState.QUEUED, worker="",
             next_attempt_at=now + timedelta(seconds=backoff_s(line.attempts,
                                                                outcome.retry_after_s)),
@@ -562,10 +568,15 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
             return send(replica.url.rstrip("/") + batch.endpoint, line.body, timeout_s,
                         request_id=send_id(line))
 
+        outcomes = []
         with ThreadPoolExecutor(max_workers=len(lines)) as pool:
-            outcomes = list(pool.map(run, enumerate(lines)))
-        for line, outcome in zip(lines, outcomes, strict=True):
-            record(line, worker, outcome)
+            # Each result is stored as it comes, well inside the lease, not when the
+            # chunk's slowest line is done.
+            sends = {pool.submit(run, item): item[1] for item in enumerate(lines)}
+            for done in as_completed(sends):
+                outcome = done.result()
+                record(sends[done], worker, outcome)
+                outcomes.append(outcome)
         refused = sum(1 for o in outcomes if o.status in (429, 503))
         if time.monotonic() - pressure_at >= pressure_every_s:
             pressure_at = time.monotonic()

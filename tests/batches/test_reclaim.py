@@ -34,3 +34,26 @@ def test_the_runner_comes_back_when_a_dead_workers_lease_ends(fleet: Any,
     assert sorted(fleet["eu"].prompts()) == ["p0", "p1", "p2"]   # each sent once
     assert {x.custom_id for x in held} == {"id-0", "id-1"}
     assert not BatchLine.objects.filter(batch=batch).exclude(state=LineState.DONE).exists()
+
+
+def test_a_worker_past_its_lease_stores_nothing_for_lines_claimed_again(
+        fleet: Any, batch_settings: Any) -> None:
+    c = client(fleet["acme"])
+    file_id = upload(c, jsonl(line("id-0", "p0"))).json()["id"]
+    batch = Batch.objects.get(pk=create(c, file_id).json()["id"])
+    slow = services.claim(batch, "slow-worker", 1)[0]      # its send outlives the lease
+    batch_settings.BATCH_LEASE_S = 0.0
+    again = services.claim(batch, "w2", 1)[0]
+    assert again.custom_id == "id-0" and again.attempts == 2
+
+    late = services.Outcome(200, {"from": "slow"}, "req_slow")
+    assert services.record(slow, "slow-worker", late) is False    # w2 holds the line now
+    assert services.record(slow, "slow-worker", services.Outcome(400, {}, "r")) is False
+    stored = BatchLine.objects.get(pk=again.pk)
+    assert (stored.state, stored.result, stored.worker) == (LineState.RUNNING, None, "w2")
+
+    assert services.record(again, "w2", services.Outcome(200, {"from": "w2"}, "req_w2"))
+    stored.refresh_from_db()
+    assert (stored.state, stored.result, stored.request_id) == (
+        LineState.DONE, {"from": "w2"}, "req_w2")
+    assert services.claim(batch, "w3", 1) == []            # stored: never claimed again
