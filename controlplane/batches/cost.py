@@ -143,7 +143,7 @@ class BatchCost:
         batch, interactive = self.usd_per_mtok, self.interactive_usd_per_mtok
         if batch is None or not interactive:
             return None
-        return round(batch / interactive, 3)
+        return batch / interactive
 
 
 def batch_cost(batch: Batch, now: datetime | None = None) -> BatchCost:

@@ -54,6 +54,16 @@ def number(value: float | int | None, places: int = 0) -> str:
 
 
 @register.filter
+def ratio(value: float | None) -> str:
+    """A ratio as "0.42×"; one under 0.01 as "<0.01×" rather than a zero it is not."""
+    if value is None:
+        return "—"
+    if 0 < value < 0.01:
+        return "<0.01×"
+    return f"{value:,.2f}×"
+
+
+@register.filter
 def percent(value: float | None, digits: int = 0) -> str:
     """A fraction in [0, 1] as a percentage, with `digits` decimals."""
     if value is None:

@@ -19,7 +19,7 @@ from controlplane.batches.cost import batch_cost
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.models import AuditLog, Role
 from controlplane.core.money import format_usd
-from frontend.templatetags.meridian import duration, usd_fine
+from frontend.templatetags.meridian import duration, ratio, usd_fine
 from tests.frontend.batch_rows import finish, make_batch
 
 pytestmark = pytest.mark.django_db
@@ -309,7 +309,7 @@ def test_each_batch_shows_its_cost_and_its_price_beside_the_interactive_one(
     row = re.search(rf'<tr data-batch="{batch.pk}">(.*?)</tr>', body).group(1)  # type: ignore[union-attr]
     assert usd_fine(cost.usd) in row
     assert format_usd(cost.usd_per_mtok, per_mtok=True) in row
-    assert f"{cost.ratio_vs_interactive:,.2f}× interactive" in row
+    assert f"{ratio(cost.ratio_vs_interactive)} interactive" in row
     detail = text(client.get(reverse("frontend:batch", args=[batch.pk])))
     assert (f"Interactive {format_usd(cost.interactive_usd_per_mtok, per_mtok=True)}/Mtok "
             "just before it began") in detail

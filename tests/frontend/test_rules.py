@@ -11,7 +11,7 @@ import pytest
 from frontend import charts
 from frontend.fleet import EdgeStatus, RegionStatus, region_health, sum_states
 from frontend.tablediff import diff_tables
-from frontend.templatetags.meridian import ago, counts, usd
+from frontend.templatetags.meridian import ago, counts, ratio, usd
 from frontend.traffic import Sample, interval, rates, series
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -193,6 +193,9 @@ def test_money_and_time_are_written_for_people():
     assert ago(timezone.now() - timedelta(minutes=12, seconds=5)) == "12 min ago"
     assert ago(None) == "never"
     assert str(counts({"ready": 2})) == '<span class="badge state-ready">2 ready</span>'
+    # A ratio too small for two decimals is not written as a zero it is not.
+    assert (ratio(0.4249), ratio(0.0004), ratio(0.0), ratio(None)) == (
+        "0.42×", "<0.01×", "0.00×", "—")
 
 
 @pytest.mark.parametrize(("states", "observed", "health"), [
