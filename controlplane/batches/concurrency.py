@@ -3,7 +3,7 @@ decrease (AIMD), as TCP does. Pure: the caller gathers the signals and keeps the
 
 The number is halved when the last round met pressure — answers that say the capacity is
 taken (429, 503), the target replicas' queues or KV cache filling up, or the replicas' TTFT
-rising over what it was with less batch work on them (interactive requests wait behind the
+rising over what it was before the batch began (interactive requests wait behind the
 batch's prefills) — and grows by one otherwise, so a batch takes spare capacity slowly and
 gives it back at once.
 """
@@ -19,7 +19,7 @@ class Limits:
     ceiling: int = 64
     waiting_high: float = 4.0  # requests waiting on one target replica
     kv_high: float = 0.9  # a target replica's KV cache usage
-    ttft_rise: float = 1.25  # TTFT p95 over its low-water mark by this factor…
+    ttft_rise: float = 1.2  # TTFT p95 over its baseline by this factor…
     ttft_floor_s: float = 0.2  # …and over this (a few ms more on a fast answer hurt no one)
 
 
@@ -32,7 +32,7 @@ class Pressure:
     waiting: float = 0.0  # the most requests waiting on any target replica
     kv_usage: float = 0.0  # the highest KV cache usage of any target replica
     ttft_p95_s: float | None = None  # the target replicas' TTFT p95 now
-    ttft_baseline_s: float | None = None  # its low-water mark while the batch ran
+    ttft_baseline_s: float | None = None  # before the batch's first send, or lower since
 
 
 def pressure_reason(pressure: Pressure, limits: Limits) -> str:

@@ -33,7 +33,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
@@ -50,6 +49,7 @@ from controlplane.batches.models import (
 )
 from controlplane.batches.runner_key import ensure_runner_key, revoke_runner_key
 from controlplane.core.models import Tenant
+from controlplane.core.status import redis_client
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
 from controlplane.routing.models import Edge
 from controlplane.telemetry.services import metrics_source
@@ -491,13 +491,37 @@ def concurrency_limits() -> Limits:
 
 
 def _concurrency_key(batch_id: str) -> str:
-    return f"batches:concurrency:{batch_id}"
+    return f"meridian:batches:concurrency:{batch_id}"
+
+
+def load_concurrency(batch_id: str) -> dict[str, Any] | None:
+    """What the batch's runners learnt so far (the number, the TTFT baseline), shared in
+    Redis so that a worker that starts again, or another one, goes on from it; None when
+    nothing is kept (or Redis cannot be read: the runner starts afresh)."""
+    try:
+        raw: Any = redis_client().get(_concurrency_key(batch_id))
+    except Exception:  # noqa: BLE001 - a cache: the batch runs without it
+        log.warning("cannot read batch %s's concurrency", batch_id, exc_info=True)
+        return None
+    return json.loads(raw) if raw else None
+
+
+def save_concurrency(batch_id: str, state: dict[str, Any] | None) -> None:
+    try:
+        client = redis_client()
+        if state is None:
+            client.delete(_concurrency_key(batch_id))
+        else:
+            client.set(_concurrency_key(batch_id), json.dumps(state), ex=24 * 3600)
+    except Exception:  # noqa: BLE001 - a cache: the batch runs without it
+        log.warning("cannot keep batch %s's concurrency", batch_id, exc_info=True)
 
 
 def replica_pressure(replicas: list[Replica], sent: int, refused: int,
                      baseline_s: float | None) -> Pressure:
     """A round's answers and the target replicas' latest load, as AIMD reads them."""
-    stats = metrics_source().replica_stats({str(r.pk): r.url for r in replicas}, window_s=30)
+    stats = metrics_source().replica_stats({str(r.pk): r.url for r in replicas},
+                                           window_s=int(_setting("BATCH_PRESSURE_WINDOW_S", 15)))
     live = [s for s in stats.values() if s.up]
     ttfts = [s.ttft_p95_s for s in live if s.ttft_p95_s is not None]
     return Pressure(sent=sent, refused=refused,
@@ -523,9 +547,8 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
     Batch.objects.filter(pk=batch.pk).update(last_run_at=timezone.now())
     timeout_s = float(_setting("BATCH_REQUEST_TIMEOUT_S", 120.0))
     limits = concurrency_limits()
-    # What this worker last used for the batch, or BATCH_CHUNK to begin with.
-    state = cache.get(_concurrency_key(batch.pk)) or {
-        "n": int(_setting("BATCH_CHUNK", 8)), "ttft_baseline_s": None}
+    # What the batch's runners learnt so far, or BATCH_CHUNK to begin with.
+    state = load_concurrency(batch.pk)
     route = edge_route(batch)
     route_checked = False
     # The replicas' load is read every few seconds (telemetry is sampled no faster); each
@@ -555,6 +578,12 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
             if not edge_knows_key(route):
                 return min(_wait_cap(), 1.0)  # the key is on its way to the edge's table
             route_checked = True
+        if state is None:
+            # Before the batch's first send: the replicas' TTFT without it is the baseline
+            # a rise is measured against.
+            state = {"n": int(_setting("BATCH_CHUNK", 8)),
+                     "ttft_baseline_s": replica_pressure(replicas, 0, 0, None).ttft_p95_s}
+            save_concurrency(batch.pk, state)
         lines = claim(batch, worker, state["n"])
         if not lines:
             return _idle(batch)
@@ -585,7 +614,7 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
         else:
             pressure = Pressure(sent=len(lines), refused=refused)
         _adapt(state, pressure, limits, batch.pk)
-        cache.set(_concurrency_key(batch.pk), state, timeout=3600)
+        save_concurrency(batch.pk, state)
         if (timezone.now() - started).total_seconds() >= budget_s:
             return 0.0
 
@@ -653,7 +682,7 @@ def finalize(batch_id: str, status: str) -> Batch:
         setattr(batch, stamp, now)
         batch.save()
     revoke_runner_key(batch.pk)
-    cache.delete(_concurrency_key(batch.pk))
+    save_concurrency(batch.pk, None)
     return batch
 
 

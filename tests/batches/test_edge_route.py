@@ -143,3 +143,25 @@ def test_the_first_enabled_edge_is_the_default(fleet: Any, catalog: Any) -> None
     Edge.objects.create(name="edge-a", region=catalog["iad"], admin_url="http://a:3",
                         public_url="http://second:8101")
     assert services.batch_edge_url() == "http://first:8100"
+
+
+def test_concurrency_grows_after_full_rounds_halves_at_capacity_and_is_shared(
+        fleet: Any, fake_edge: FakeEdge) -> None:
+    c = client(fleet["acme"])
+    prompts = ["a", "b", "c", "d", "e", "f", "busy-1", "g", "h", "i"]
+    file_id = upload(c, jsonl(*(line(f"id-{i}", p) for i, p in enumerate(prompts)))
+                     ).json()["id"]
+    batch_id = create(c, file_id).json()["id"]
+    fake_edge.known.add(runner_secret(batch_id))
+    assert services.load_concurrency(batch_id) is None
+
+    assert services.process(batch_id, "w1", budget_s=0.0) == 0.0   # one round of 4 (BATCH_CHUNK)
+    assert services.load_concurrency(batch_id) == {"n": 5, "ttft_baseline_s": None}
+    # Another worker goes on from what the first learnt: 5 lines, one refused (503).
+    assert services.process(batch_id, "w2", budget_s=0.0) == 0.0
+    assert len(fake_edge.sends) == 9
+    assert services.load_concurrency(batch_id) == {"n": 2, "ttft_baseline_s": None}
+
+    drive(batch_id)
+    assert Batch.objects.get(pk=batch_id).status == "completed"
+    assert services.load_concurrency(batch_id) is None   # forgotten with the batch
