@@ -42,8 +42,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import queue
+import random
 import signal
 import socket
 import subprocess
@@ -86,10 +89,15 @@ def free_port() -> int:
 
 
 def free_edge_base() -> int:
+    """Four free ports for the lab's edges (base, base + 1, base + 10, base + 11), below the
+    kernel's ephemeral range: a port the kernel hands out for bind(0) — as the lab's engines
+    and relays get theirs, after this check — never lands on them."""
+    low = 10000
+    with contextlib.suppress(OSError, ValueError):
+        low = min(int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]),
+                  32768)
     for _ in range(100):
-        base = free_port()
-        if base > 60000:
-            continue
+        base = random.randrange(10000, max(10001, low - 12))
         ports = [base, base + 1, base + 10, base + 11]
         try:
             for port in ports:
@@ -142,23 +150,41 @@ def start_lab(var_dir: Path, engine: str = "enginesim", *,
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # A killed benchmark stops its lab (SIGTERM: the lab stops its processes and engines).
         start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
-    token = None
-    deadline = time.monotonic() + start_timeout_s
-    while token is None:
-        line = process.stdout.readline()  # type: ignore[union-attr]
-        if not line and process.poll() is not None:
-            raise RuntimeError("the lab exited while starting")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the lab did not start in {start_timeout_s:.0f} s")
-        if "API token" in line:
-            token = line.split()[-1]
+    # Lines are read on a thread of their own: a lab that exits while a process it started
+    # still holds the pipe (no end of file) must not block this one for ever.
+    lines: queue.Queue[str] = queue.Queue()
+    started = threading.Event()
 
     def drain() -> None:  # never let the lab block on a full pipe
         for text in process.stdout:  # type: ignore[union-attr]
-            if on_line is not None:
+            if not started.is_set():
+                lines.put(text)
+            elif on_line is not None:
                 on_line(text)
 
     threading.Thread(target=drain, daemon=True).start()
+    token = None
+    deadline = time.monotonic() + start_timeout_s
+    try:
+        while token is None:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                line = ""
+            if not line and process.poll() is not None:
+                raise RuntimeError("the lab exited while starting (its logs: "
+                                   f"{var_dir / 'lab' / 'logs'})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the lab did not start in {start_timeout_s:.0f} s")
+            if "API token" in line:
+                token = line.split()[-1]
+    except BaseException:
+        # Nothing of a lab that did not start is left: its processes, its database.
+        stop_lab(Lab(process, "", "", "", {}, name, database_url))
+        raise
+    started.set()
+    while not lines.empty() and on_line is not None:
+        on_line(lines.get())
     base = f"http://127.0.0.1:{web}"
     edges = {"local:eu-frankfurt": (f"http://127.0.0.1:{edge_base}",
                                     f"http://127.0.0.1:{edge_base + 10}"),
@@ -173,7 +199,8 @@ def stop_lab(lab: Lab) -> None:
         os.killpg(lab.process.pid, signal.SIGINT)
         lab.process.wait(timeout=90)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(lab.process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(lab.process.pid, signal.SIGKILL)
     import psycopg
 
     params = urlsplit(lab.database_url)
@@ -353,10 +380,21 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
     else:
         started = time.time()
         await asyncio.to_thread(cut, region)
-    tables_at = await _tables_without(lab, region, started, timeout_s)
-    log(f"  every edge's table is without {region} at +{tables_at - started:.2f} s")
+    tables_at: float | None = None
+    try:
+        # A cut the control plane sees shows in the tables within seconds; one it cannot see
+        # (a relay black hole) is given as long as the edges' stall limit and then some.
+        pushed = await _tables_without(lab, region, started,
+                                       timeout_s if cut is None else min(timeout_s, 20.0))
+        log(f"  every edge's table is without {region} at +{pushed - started:.2f} s")
+        tables_at = pushed
+    except RuntimeError as exc:
+        if cut is None:
+            raise
+        # A relay black hole: the control plane never sees it, and nothing is replaced.
+        log(f"  {exc}")
     ready_at = down_at = None
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (timeout_s if tables_at is not None else 0.0)
     # The region goes down before its replacements are ready, if it goes down at all.
     while time.monotonic() < deadline and ready_at is None:
         if down_at is None:
@@ -397,7 +435,7 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
         "streams_in_flight_at_kill": len(in_flight),
         "resumed_text_ok": text_ok,
         "s_to_last_error": None if last_error is None else round(max(last_error - started, 0.0), 3),
-        "s_to_tables_pushed": round(tables_at - started, 3),
+        "s_to_tables_pushed": None if tables_at is None else round(tables_at - started, 3),
         "s_to_region_down": None if down_at is None else round(down_at - started, 3),
         "s_to_replacement_ready": None if ready_at is None else round(ready_at - started, 3),
         "ttft_p95_s": {phase: p95(values) for phase, values in ttft.items()},
@@ -436,17 +474,20 @@ def _incident_since(lab: Lab, region: str, since: float) -> dict[str, Any] | Non
 class Partitions:
     """How `--fault partition` cuts a region off: with network namespaces, every lab region's
     engines run in one of its own (`MERIDIAN_LAB_NETNS`, read by the lab's workers) and its
-    link goes down; without them, the region's relays are black-holed (SIGUSR1)."""
+    link goes down; without them (or asked to), the region's relays are black-holed
+    (SIGUSR1). The control plane probes engines directly, not through the relays, so a black
+    hole cuts off only the edges: the control plane never sees it, and the edges find the
+    replicas hung (their relays' kernel acknowledges) by their probes and first-byte and
+    per-token limits."""
 
-    def __init__(self, regions: Sequence[str], var_dir: Path) -> None:
+    def __init__(self, regions: Sequence[str], var_dir: Path, by: str = "netns") -> None:
         self.var_dir = var_dir
-        self.why_not_netns = netns.why_unavailable()
-        self.by = ("relay black hole (SIGUSR1): no network namespaces here, "
-                   f"{self.why_not_netns}" if self.why_not_netns else
-                   "network namespace, link down (packets dropped, no reset)")
+        why_not = netns.why_unavailable() if by == "netns" else "asked for (--partition-by)"
+        self.by = (f"relay black hole (SIGUSR1; {why_not}): the edges' side only"
+                   if why_not else "network namespace, link down (packets dropped, no reset)")
         self._lab: netns.Lab | None = None
         self.regions: dict[str, netns.Region] = {}
-        if self.why_not_netns is None:
+        if why_not is None:
             self._lab = netns.Lab()
             self._lab.start()
             for key in regions:
@@ -506,6 +547,10 @@ def main() -> None:
     parser.add_argument("--fault", choices=("kill", "partition"), default="kill",
                         help="how the region dies: its processes SIGKILLed (default), or its "
                              "network cut off with the processes left running")
+    parser.add_argument("--partition-by", choices=("netns", "relay"), default="netns",
+                        help="how --fault partition cuts: the region's network namespace "
+                             "link (default, where namespaces can be made) or a black hole "
+                             "in its relays (the edges' side only)")
     args = parser.parse_args()
     concurrency = args.concurrency or (8 if args.quick else 24)
     warm_s, after_s = (4.0, 3.0) if args.quick else (15.0, 15.0)
@@ -520,7 +565,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="meridian-failover-") as tmp:
         partitions = None
         if args.fault == "partition":
-            partitions = Partitions(LAB_REGION_KEYS[:regions], Path(tmp))
+            partitions = Partitions(LAB_REGION_KEYS[:regions], Path(tmp), args.partition_by)
             log(f"partitions by {partitions.by}")
             os.environ.update(partitions.environment)  # the lab and its workers inherit it
         log(f"starting the lab ({regions} local regions × {per_region} {args.engine} "
