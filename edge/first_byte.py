@@ -50,7 +50,7 @@ def overdue(ex: Exchange, now: float) -> str:
             and ex.another_replica_may_take_it():
         # Ejected, down by its probes, or no longer in the table (the control plane failed
         # it): what was sent there is not coming back.
-        return "nothing of its answer, and has been found failing since the request was sent"
+        return "no answer yet, and the replica has been found failing since the request was sent"
     limit = ex.cset.policy.first_byte_timeout_s
     if ex.stream and now - ex.sent_at >= limit:
         return f"no first token within {limit:g}s of the request (a hung engine?)"
@@ -68,9 +68,9 @@ def give_up_overdue(pool: UpstreamPool, now: float) -> int:
                 late.append((ex, why))
     for ex, why in late:
         replica = ex.replica.id if ex.replica is not None else "?"
-        log.warning("request %s: replica %s sent %s", ex.request_id.decode(), replica, why)
+        log.warning("request %s: replica %s: %s", ex.request_id.decode(), replica, why)
         # Not `reused`: the same replica on a fresh connection would hang the same way.
-        ex.on_upstream_error(UpstreamError(f"replica {replica}: {why}", timeout=True))
+        ex.on_upstream_error(UpstreamError(why, timeout=True))
     return len(late)
 
 
