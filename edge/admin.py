@@ -83,6 +83,7 @@ class AdminApi:
             rows.append({
                 "id": replica.id, "model": replica.model, "region": replica.region,
                 "jurisdiction": replica.jurisdiction, "state": replica.state,
+                "revision": replica.revision,
                 "inflight": stats.inflight, "max_inflight": replica.max_inflight,
                 "probe_ok": stats.probe_ok, "ejected": stats.ejected(now),
                 "ejected_for_s": round(max(0.0, stats.ejected_until - now), 3),

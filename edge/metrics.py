@@ -13,6 +13,13 @@ from typing import TypeVar
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+# Finer where TTFT and inter-token gaps fall: a rollout compares two revisions' p95s within
+# 20%, which the coarse buckets' linear interpolation (25 ms, then 50 ms) cannot resolve.
+REVISION_LATENCY_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.0175,
+                            0.02, 0.0225, 0.025, 0.0275, 0.03, 0.035, 0.04, 0.045, 0.05, 0.06,
+                            0.07, 0.08, 0.09, 0.1, 0.12, 0.14, 0.16, 0.18, 0.2, 0.25, 0.3, 0.35,
+                            0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
+                            4.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
 
 # Label values in declared order; numbers (an HTTP status) are rendered with str().
 Labels = tuple[str | int, ...]
@@ -152,11 +159,11 @@ class EdgeMetrics:
         self.revision_ttft = r.add(Histogram(
             "meridian_edge_revision_time_to_first_token_seconds", "Time to first token of a "
             "split model's requests, by the answering replica's revision.",
-            ("model", "revision")))
+            ("model", "revision"), REVISION_LATENCY_BUCKETS))
         self.revision_itl = r.add(Histogram(
             "meridian_edge_revision_inter_token_latency_seconds", "Inter-token latency of a "
             "split model's streams, by the answering replica's revision.",
-            ("model", "revision")))
+            ("model", "revision"), REVISION_LATENCY_BUCKETS))
         self.tokens = r.add(Counter(
             "meridian_edge_tokens_total", "Tokens as reported by engines (estimated for "
             "streams without usage), by model, replica region and tenant.",

@@ -39,8 +39,8 @@ class RevisionSerializer(serializers.ModelSerializer):
 class RolloutStepSerializer(serializers.ModelSerializer):
     class Meta:
         model = RolloutStep
-        fields = ["step", "weight", "started_at", "ended_at", "extensions", "analysis",
-                  "decision"]
+        fields = ["step", "weight", "started_at", "ready_at", "ended_at", "extensions",
+                  "analysis", "decision"]
         read_only_fields = fields
 
 

@@ -78,6 +78,9 @@ class RolloutStep(models.Model):
     step = models.PositiveSmallIntegerField()
     weight = models.PositiveSmallIntegerField(validators=[MaxValueValidator(100)])
     started_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When the canary's replicas for this weight were serving and the weight went into "
+        "the tables; the step bakes and is judged from then."))
     ended_at = models.DateTimeField(null=True, blank=True)
     analysis = models.JSONField(default=dict, blank=True,
                                 help_text="The figures the decision was taken on.")

@@ -2,8 +2,9 @@
 
 The traffic split lives on the deployment (`canary_revision`, `canary_weight`), which the
 routing compiler turns into revision weights in every edge's table; the edge keeps each
-conversation on one revision and counts its requests by revision. A running rollout's step,
-once baked, is judged by `analysis` against the rollout's thresholds (`check`, every 10 s):
+conversation on one revision and counts its requests by revision. Make-before-break: a step
+first asks for the canary replicas its weight needs (`canary_target`), and its weight goes
+into the tables only once they serve (`ready_at`). A running rollout's step, once baked, is judged by `analysis` against the rollout's thresholds (`check`, every 10 s):
 a failure rolls back at once, a pass moves to the next step, too little traffic extends the
 step (a bounded number of times, then holds the rollout paused); the last step waits for an
 operator's promote, and an operator may advance, pause, resume, promote or roll back at any
@@ -12,6 +13,7 @@ time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,9 +74,60 @@ def _set_split(deployment_id: int, revision: Revision | None, weight: int) -> No
     deployment.save(update_fields=["canary_revision", "canary_weight", "updated_at"])
 
 
-def _open_step(rollout: Rollout) -> RolloutStep:
-    return RolloutStep.objects.create(rollout=rollout, step=rollout.current_step,
+def canary_target(weight: int, stable_serving: int) -> int:
+    """Canary replicas that carry `weight`% of the traffic at the load each stable replica
+    carries: w / (100 − w) of the stable ones (as many as them at 100%), at least one."""
+    if weight >= 100:
+        return max(1, stable_serving)
+    return max(1, math.ceil(stable_serving * weight / (100 - weight) - 1e-9))
+
+
+def _stable_serving(rollout: Rollout) -> list[Replica]:
+    return list(Replica.objects.filter(deployment_id=rollout.deployment_id,
+                                       state__in=SERVING_STATES)
+                .exclude(revision=rollout.to_revision)
+                .select_related("region", "offer").order_by("id"))
+
+
+def _grow_canary(rollout: Rollout, weight: int, actor: str) -> list[Replica]:
+    """Ask for the canary replicas `weight` needs beyond those live, beside the stable
+    replicas (their regions and offers in turn)."""
+    stable = _stable_serving(rollout)
+    live = Replica.objects.filter(revision=rollout.to_revision, state__in=LIVE_STATES).count()
+    missing = canary_target(weight, len(stable)) - live
+    made: list[Replica] = []
+    for i in range(max(0, missing)):
+        if not stable:
+            break
+        beside = stable[(live + i) % len(stable)]
+        made += request_replicas(rollout.deployment, beside.region, 1, actor=actor,
+                                 reason=f"canary of rollout {rollout.pk} at {weight}%",
+                                 offer=beside.offer, revision=rollout.to_revision)
+    return made
+
+
+def _go_live_if_ready(rollout: Rollout, step: RolloutStep) -> bool:
+    """The step's weight into the tables once enough canary replicas serve."""
+    if step.ready_at is not None:
+        return True
+    serving = Replica.objects.filter(revision=rollout.to_revision,
+                                     state__in=SERVING_STATES).count()
+    if serving < canary_target(step.weight, len(_stable_serving(rollout))):
+        return False
+    step.ready_at = timezone.now()
+    step.save(update_fields=["ready_at"])
+    _set_split(rollout.deployment_id, rollout.to_revision, step.weight)
+    return True
+
+
+def _open_step(rollout: Rollout, actor: str) -> tuple[RolloutStep, list[Replica]]:
+    """The next step: its canary replicas asked for, its weight live if they already
+    serve (else the previous weight stays until `check` sees them serving)."""
+    step = RolloutStep.objects.create(rollout=rollout, step=rollout.current_step,
                                       weight=rollout.steps[rollout.current_step])
+    made = _grow_canary(rollout, step.weight, actor)
+    _go_live_if_ready(rollout, step)
+    return step, made
 
 
 def _close_step(rollout: Rollout, decision: str, figures: dict[str, Any] | None = None) -> None:
@@ -125,15 +178,9 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_
     except IntegrityError:
         raise RolloutStateError(f"deployment {locked.name} already has a rollout in "
                                 "progress") from None
-    step = _open_step(rollout)
-    _set_split(locked.pk, revision, step.weight)
-    anchor = (Replica.objects.filter(deployment=locked, state__in=SERVING_STATES)
-              .select_related("region", "offer").order_by("id").first())
-    canaries = []
-    if anchor is not None:
-        canaries = request_replicas(locked, anchor.region, 1, actor=actor,
-                                    reason=f"canary of rollout {rollout.pk}",
-                                    offer=anchor.offer, revision=revision)
+    # Listed in the tables at share 0 until its replicas serve the first step's weight.
+    _set_split(locked.pk, revision, 0)
+    step, canaries = _open_step(rollout, actor)
     record_audit(actor, "rollout.started", rollout, reason=reason, changes={
         "from_revision": stable.number, "to_revision": revision.number, "steps": weights,
         "bake_s": bake_s, "thresholds": limits, "weight": step.weight,
@@ -192,10 +239,11 @@ def advance(rollout_id: int, *, actor: str, reason: str = "",
     previous = rollout.weight
     rollout.current_step += 1
     rollout.save(update_fields=["current_step"])
-    step = _open_step(rollout)
-    _set_split(rollout.deployment_id, rollout.to_revision, step.weight)
+    step, made = _open_step(rollout, actor)
     record_audit(actor, "rollout.advanced", rollout, reason=reason,
                  changes={"step": rollout.current_step, "weight": [previous, step.weight],
+                          "live": step.ready_at is not None,
+                          "canary_replicas": [r.public_id for r in made],
                           **({"analysis": figures} if figures is not None else {})})
     return rollout
 
@@ -303,8 +351,8 @@ def _extend_or_hold(rollout_id: int, step_id: int, why: str, figures: dict[str, 
 
 
 def check(now: Any = None) -> dict[str, str]:
-    """Judge each running rollout whose current step has baked (its bake time once, and
-    once more per extension): fail → rolled back, pass → the next step (the last one waits
+    """Put each running rollout's step live once its canary replicas serve; judge each whose
+    live step has baked (its bake time once, and once more per extension): fail → rolled back, pass → the next step (the last one waits
     for promote, the figures kept on the step), too little traffic → extended or held.
     Returns {rollout id: what was done}."""
     now = now or timezone.now()
@@ -314,10 +362,17 @@ def check(now: Any = None) -> dict[str, str]:
     for rollout in running:
         step = RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
                                           ended_at__isnull=True).first()
-        if step is None or (now - step.started_at).total_seconds() < (
-                rollout.bake_s * (1 + step.extensions)):
+        if step is None:
             continue
-        verdict, why, figures = step_figures(rollout, step.started_at, now)
+        if step.ready_at is None:
+            with transaction.atomic():
+                _grow_canary(rollout, step.weight, ANALYST)  # replaces a failed launch
+                if _go_live_if_ready(rollout, step):
+                    done[str(rollout.pk)] = "live"
+            continue
+        if (now - step.ready_at).total_seconds() < rollout.bake_s * (1 + step.extensions):
+            continue
+        verdict, why, figures = step_figures(rollout, step.ready_at, now)
         try:
             if verdict == "fail":
                 roll_back(rollout.pk, actor=ANALYST, reason=why, figures=figures)

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlplane.core.models import Role
 from controlplane.rollouts import services
-from controlplane.rollouts.models import Rollout, RolloutState
+from controlplane.rollouts.models import IN_PROGRESS, Rollout, RolloutState
 from frontend import charts
 from frontend.access import dashboard_view, forbidden, principal_of
 from frontend.views.common import paginate, render_page
@@ -64,8 +64,9 @@ def step_rows(rollout: Rollout) -> list[dict[str, Any]]:
     rows = []
     for step in rollout.step_rows.all():
         figures, live = step.analysis or {}, False
-        if step.ended_at is None and rollout.state in (S.RUNNING, S.PAUSED) and not figures:
-            _, _, figures = services.step_figures(rollout, step.started_at, timezone.now())
+        if (step.ended_at is None and step.ready_at is not None and not figures
+                and rollout.state in (S.RUNNING, S.PAUSED)):
+            _, _, figures = services.step_figures(rollout, step.ready_at, timezone.now())
             live = True
         failed = [c for c in figures.get("checks", []) if not c.get("passed")]
         rows.append({
@@ -85,9 +86,14 @@ def rollout_detail(request: HttpRequest, pk: int) -> HttpResponse:
                                 pk=pk)  # another tenant's: 404
     rows = step_rows(rollout)
     may_act = _may_act(request)
+    in_progress = rollout.state in IN_PROGRESS
+    current = next((r["step"] for r in rows if r["step"].step == rollout.current_step), None)
     return render_page(request, "frontend/rollouts/detail.html", {
         "rollout": rollout,
         "rows": rows,
+        # What the tables carry now: a step's weight goes live once its replicas serve.
+        "live_weight": rollout.deployment.canary_weight if in_progress else rollout.weight,
+        "waiting": in_progress and current is not None and current.ready_at is None,
         "figure": charts.rollout_figure(rows, rollout.from_revision.number,
                                         rollout.to_revision.number) if rows else None,
         "actions": [(name, label) for name, (_, states, label) in ACTIONS.items()

@@ -244,6 +244,8 @@ def test_the_edge_counts_requests_ttft_and_itl_by_the_answering_revision(
                 await response.read()
                 async with edge.session.get(edge.admin_url + "/metrics") as answer:
                     text = await answer.text()
+                async with edge.session.get(edge.admin_url + "/admin/replicas") as answer:
+                    rows = (await answer.json())["replicas"]
         finally:
             for engine in [*engines, plain]:
                 await engine.stop()
@@ -262,5 +264,10 @@ def test_the_edge_counts_requests_ttft_and_itl_by_the_answering_revision(
         assert float(lines['meridian_edge_revision_inter_token_latency_seconds_count'
                            f'{{model="m",revision="{STABLE}"}}']) > got[(STABLE, 200)]
         assert not any('model="plain"' in key for key in lines)
+        # The edge's replica list says which revision each replica runs.
+        expected = {"stable-a": STABLE, "stable-b": STABLE, "canary": CANARY, "p": None}
+        assert {row["id"]: row["revision"] for row in rows} == {
+            row["id"]: expected[row["id"]] for row in rows}
+        assert {"canary", "p"} <= {row["id"] for row in rows}
 
     run(scenario())

@@ -11,6 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from controlplane.core.models import AuditLog, Role
+from controlplane.deployments.models import Replica
+from controlplane.deployments.models import ReplicaState as S
 from controlplane.rollouts import services
 from controlplane.rollouts.models import Rollout
 
@@ -33,7 +35,9 @@ def judged(verdict: str, stable_ttft: float, canary_ttft: float, canary_errors: 
 
 @pytest.fixture
 def rollout(fleet):  # type: ignore[no-untyped-def]
-    rollout = services.start(fleet.acme, actor="ops", steps=[5, 50, 100], bake_s=30)
+    rollout = services.start(fleet.acme, actor="ops", steps=[10, 50, 100], bake_s=30)
+    Replica.objects.filter(revision=rollout.to_revision).update(state=S.READY)
+    assert services.check() == {str(rollout.pk): "live"}
     services.advance(rollout.pk, actor=services.ANALYST,
                      figures=judged("pass", stable_ttft=0.2, canary_ttft=0.21))
     return Rollout.objects.get(pk=rollout.pk)
@@ -47,11 +51,13 @@ def test_the_timeline_shows_each_steps_figures_and_decision(signed_in, rollout):
     first, second = response.context["rows"]
     assert first["step"].decision == "advanced" and first["ttft"] == "200 ms / 210 ms"
     assert first["requests"] == "200 / 200" and first["errors"] == "0.0% / 0.0%"
-    assert second["live"] and second["step"].weight == 50  # under way: its window so far
-    assert 'id="canary-share">50%' in html
+    # The second step waits for the canary replicas 50% needs: the tables keep 10%.
+    assert not second["live"] and second["step"].weight == 50
+    assert 'id="canary-share">10%</b>' in html and "waiting for canary replicas" in html
     figure = response.context["figure"]
     ttft = [t for t in figure["data"] if "TTFT" in t["hovertemplate"]]
     assert [t["y"] for t in ttft] == [[200.0, None], [210.0, None]]
+    assert [t["x"] for t in ttft] == [["1: 10%", "2: 50%"]] * 2
     assert figure["data"][1]["xaxis"] == "x2"  # 5xx beside TTFT
     # Viewers see no buttons.
     assert "Roll back</button>" not in html and "Pause</button>" not in html

@@ -36,6 +36,7 @@ def rollout(catalog, tenants):  # type: ignore[no-untyped-def]
     rollout = services.start(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
     Replica.objects.filter(revision=rollout.to_revision).update(state=S.READY,
                                                                  url="http://10.0.0.2:8000")
+    assert services.check() == {str(rollout.pk): "live"}
     return rollout
 
 
@@ -65,7 +66,7 @@ def bake(rollout: Rollout, edges: list[Edge], stable: dict[str, Any], canary: di
     them); returns the moment the step's bake time is over."""
     step = RolloutStep.objects.get(rollout=rollout, step=rollout.current_step)
     start = timezone.now() - timedelta(seconds=seconds)
-    RolloutStep.objects.filter(pk=step.pk).update(started_at=start)
+    RolloutStep.objects.filter(pk=step.pk).update(started_at=start, ready_at=start)
     ids = (str(rollout.from_revision_id), str(rollout.to_revision_id))
 
     def half(s: dict[str, Any]) -> dict[str, Any]:
@@ -180,6 +181,52 @@ def test_too_little_traffic_extends_the_step_then_holds_the_rollout(rollout, edg
     services.resume(rollout.pk, actor="op")
     step.refresh_from_db()
     assert (step.decision, step.extensions) == ("", 0)
+
+
+def test_a_step_goes_live_only_once_its_canary_replicas_serve(catalog, tenants):  # type: ignore[no-untyped-def]
+    """Make-before-break: three stable replicas; 10% needs one canary replica, 50% three.
+    Until they serve, the tables keep the previous weight and the step does not bake."""
+    deployment = make_deployment({**catalog, **tenants}, "chat-three", tenant=None)
+    for i in range(3):
+        Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
+                               url=f"http://10.0.0.{i + 1}:8000")
+    rollout = services.start(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
+    canaries = Replica.objects.filter(revision=rollout.to_revision)
+    assert canaries.count() == 1
+    deployment.refresh_from_db()
+    assert (deployment.canary_revision_id, deployment.canary_weight) == (
+        rollout.to_revision_id, 0)
+    assert services.check() == {}  # its replica is still launching
+    canaries.update(state=S.READY)
+    assert services.check() == {str(rollout.pk): "live"}
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 10
+    step = RolloutStep.objects.get(rollout=rollout, step=0)
+    assert step.ready_at is not None and step.ready_at >= step.started_at
+
+    services.advance(rollout.pk, actor="op")
+    assert canaries.count() == 3  # two more asked for, beside the stable ones
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 10  # the previous weight until they serve
+    event = AuditLog.objects.get(action="rollout.advanced")
+    assert event.changes["live"] is False and len(event.changes["canary_replicas"]) == 2
+    # One launch fails: check asks for a replacement instead of waiting for ever.
+    pending = list(canaries.filter(state=S.PENDING))
+    Replica.objects.filter(pk=pending[0].pk).update(state=S.FAILED)
+    assert services.check() == {}
+    assert canaries.exclude(state=S.FAILED).count() == 3
+    canaries.exclude(state=S.FAILED).update(state=S.READY)
+    assert services.check() == {str(rollout.pk): "live"}
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 50
+
+
+@pytest.mark.parametrize(("weight", "stable", "target"), [
+    (5, 3, 1), (10, 3, 1), (25, 3, 1), (50, 3, 3), (75, 3, 9), (100, 3, 3), (50, 0, 1),
+    (100, 0, 1), (20, 8, 2), (33, 2, 1),
+])
+def test_canary_target(weight: int, stable: int, target: int) -> None:
+    assert services.canary_target(weight, stable) == target
 
 
 def test_paused_rollouts_are_not_judged(rollout, edges):  # type: ignore[no-untyped-def]

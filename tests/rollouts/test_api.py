@@ -12,6 +12,7 @@ from controlplane.core.models import AuditLog, Role
 from controlplane.deployments.models import Deployment, ImmutableError, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import stable_revision
+from controlplane.rollouts import services
 from controlplane.rollouts.models import Rollout, RolloutState
 from controlplane.routing import compiler
 from controlplane.routing.services import replica_views
@@ -112,10 +113,15 @@ def test_state_machine_through_the_api(deployment, operator, make_client):  # ty
     assert body["to_revision"]["vllm_version"] == "0.11.0"
     assert [s["weight"] for s in body["step_rows"]] == [10]
     deployment.refresh_from_db()
-    assert deployment.canary_weight == 10
+    assert deployment.canary_weight == 0  # until its replica serves
     assert deployment.canary_revision_id == body["to_revision"]["id"]
     canary = Replica.objects.get(revision_id=body["to_revision"]["id"])
     assert canary.state == S.PENDING and canary.region.key == "aws:eu-central-1"
+    Replica.objects.filter(pk=canary.pk).update(state=S.READY, url="http://10.0.0.2:8000")
+    assert services.check() == {str(rid): "live"}
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 10
+    assert operator.get(f"{URL}{rid}/").json()["step_rows"][0]["ready_at"]
 
     # A second rollout while one is in progress: 409, naming the one in progress.
     again = start(operator, deployment)
@@ -195,6 +201,9 @@ def test_the_compiled_table_carries_revision_weights(deployment, operator, catal
     stable, canary = str(body["from_revision"]["id"]), str(body["to_revision"]["id"])
     replica = Replica.objects.get(revision_id=canary)
     Replica.objects.filter(pk=replica.pk).update(state=S.READY, url="http://10.0.0.2:8000")
+    model = compiled(catalog)["models"]["llama-3.1-8b"]
+    assert model["revisions"] == {stable: 100.0, canary: 0.0}  # listed, no share yet
+    services.check()
     model = compiled(catalog)["models"]["llama-3.1-8b"]
     assert model["revisions"] == {stable: 95.0, canary: 5.0}
     assert {r["id"]: r["revision"] for r in model["replicas"]} == {
