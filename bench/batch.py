@@ -3,8 +3,9 @@
 Starts the lab (`python -m controlplane.lab`: control plane, workers, beat, three local
 regions of enginesim replicas, two edges) against a database and Redis database of its own,
 with short batch leases (MERIDIAN_BATCH_LEASE_S=12, MERIDIAN_BATCH_REQUEST_TIMEOUT_S=10) so
-that lines a killed worker held are claimed again within the run. Then, through the lab's
-first edge:
+that lines a killed worker held are claimed again within the run, and the demo tenant's
+RPM/TPM limits raised (what is measured is scheduling, not rate limits). Then, through the
+lab's first edge:
 
 1. interactive only: chat requests (half streamed) from a few concurrent clients, for a
    while; their TTFT (first byte at the client) is the baseline;
@@ -51,16 +52,25 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import openai  # noqa: E402
-from failover import Lab, Load, p95, start_lab, stop_lab, wait_ready  # noqa: E402
+from failover import Lab, Load, api, p95, start_lab, stop_lab, wait_ready  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 EDGE_REGION = "local:eu-frankfurt"  # the lab's first edge: where batch workers send lines
 LEASE_S, REQUEST_TIMEOUT_S = 12, 10
+# The demo tenant's limits, raised so that what is measured is scheduling, not rate limits
+# (the batch tier has a budget of its own, the tenant's limits again).
+TENANT_LIMITS = {"rpm_limit": 100_000, "tpm_limit": 50_000_000}
 WORKER_KILL_AT, REPLICA_KILL_AT = 0.2, 0.4  # fractions of the lines done
 
 
 def log(message: str) -> None:
     print(f"[batch] {message}", file=sys.stderr, flush=True)
+
+
+def raise_limits(lab: Lab) -> None:
+    tenants = api("GET", f"{lab.base}/api/v1/tenants/?name=demo", lab.token)["results"]
+    demo = next(t for t in tenants if t["name"] == "demo")
+    api("PATCH", f"{lab.base}/api/v1/tenants/{demo['id']}/", lab.token, TENANT_LIMITS)
 
 
 def batch_input(lines: int) -> bytes:
@@ -213,6 +223,9 @@ class Chat:
     def failures_between(self, start: float, end: float) -> int:
         return sum(1 for o in list(self.load.outcomes) if not o.ok and start <= o.started < end)
 
+    def errors(self) -> list[str]:
+        return sorted({o.detail for o in list(self.load.outcomes) if not o.ok})[:5]
+
 
 def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
               timeout_s: float) -> dict[str, Any]:
@@ -258,9 +271,10 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
         client.close()
     answered = {json.loads(r)["custom_id"] for r in (output + errors).splitlines() if r}
     ok = [json.loads(r) for r in output.splitlines() if r]
+    failed = [json.loads(r) for r in errors.splitlines() if r]
     return {"batch": batch, "answer": raw, "answered": answered, "completed": len(ok),
-            "failed": len(errors.splitlines()), "worker_kill": worker_kill,
-            "replica_kill": replica_kill}
+            "failed": len(failed), "worker_kill": worker_kill, "replica_kill": replica_kill,
+            "line_errors": sorted({json.dumps(f.get("error")) for f in failed})[:5]}
 
 
 def main() -> None:
@@ -284,6 +298,8 @@ def main() -> None:
         try:
             wait_ready(lab, 3 * per_region)
             log(f"lab ready in {time.monotonic() - t0:.0f} s")
+            raise_limits(lab)
+            time.sleep(3)  # the new limits reach the edges with the next table
             edge_url = lab.edges[EDGE_REGION][0]
             chat = Chat(edge_url, lab.demo_key, args.concurrency)
             chat.start()
@@ -322,6 +338,8 @@ def main() -> None:
         "interactive_ttft_p95_s": {"without_batch": without, "with_batch": with_batch},
         "interactive_failed": {"without_batch": chat.failures_between(base_start, base_end),
                                "with_batch": chat.failures_between(batch_start, batch_end)},
+        "interactive_errors": chat.errors(), "line_errors": result["line_errors"],
+        "tenant_limits": TENANT_LIMITS,
         "usd_per_mtok_batch": cost.get("usd_per_mtok"),
         "usd_per_mtok_interactive": interactive["usd_per_mtok"],
         "usd_per_mtok_ratio_vs_interactive": ratio(cost.get("usd_per_mtok"),
