@@ -2,7 +2,10 @@
 
 A replica whose /health probe is refused or reset has lost its process or its network:
 one such probe fails it. A probe that times out may be a stall under load, so it takes
-`TIMEOUTS_TO_FAIL` in a row.
+`TIMEOUTS_TO_FAIL` in a row; except when every replica of its region (at least
+`CUT_OFF_MIN_REPLICAS`) timed out in the same pass while a replica elsewhere answered: engines
+do not stall together, a region's network does (a partition drops packets and sends no
+reset), so those timeouts fail at once (`cut_off_regions`).
 
 A region is:
 
@@ -19,9 +22,12 @@ A region is:
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 TIMEOUTS_TO_FAIL = 2
+CUT_OFF_MIN_REPLICAS = 2  # a region of one replica is judged as that one replica
 DOWN_AFTER_FAILURES = 2
 # How long a region that lost its replicas stays down without a new failure; after it, the
 # region may take replacements again (the periodic replan moves displaced replicas back).
@@ -35,14 +41,32 @@ class Probe:
     detail: str = ""
 
 
-def replica_verdict(probe: Probe, timeouts_before: int) -> tuple[bool, int]:
-    """(failed, consecutive timeouts to remember) after one probe."""
+def replica_verdict(probe: Probe, timeouts_before: int,
+                    region_cut_off: bool = False) -> tuple[bool, int]:
+    """(failed, consecutive timeouts to remember) after one probe; `region_cut_off`: its
+    region is one of this pass's `cut_off_regions`."""
     if probe.ok:
         return False, 0
     if probe.timed_out:
         timeouts = timeouts_before + 1
-        return timeouts >= TIMEOUTS_TO_FAIL, timeouts
+        return region_cut_off or timeouts >= TIMEOUTS_TO_FAIL, timeouts
     return True, 0
+
+
+Region = TypeVar("Region", bound=Hashable)
+
+
+def cut_off_regions(probes: Iterable[tuple[Region, Probe]]) -> set[Region]:
+    """Of one pass's (region, probe) pairs: the regions where every replica probed, at least
+    CUT_OFF_MIN_REPLICAS, timed out while a replica in another region answered (so it is not
+    the control plane's own network that failed)."""
+    by_region: dict[Region, list[Probe]] = {}
+    for region, probe in probes:
+        by_region.setdefault(region, []).append(probe)
+    answered = {region for region, found in by_region.items() if any(p.ok for p in found)}
+    return {region for region, found in by_region.items()
+            if len(found) >= CUT_OFF_MIN_REPLICAS and all(p.timed_out for p in found)
+            and answered - {region}}
 
 
 @dataclass(frozen=True)

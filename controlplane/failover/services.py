@@ -39,7 +39,9 @@ from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover.health import (
     DOWN_HOLD_S,
+    TIMEOUTS_TO_FAIL,
     RegionCounts,
+    cut_off_regions,
     region_state,
     replica_verdict,
 )
@@ -101,22 +103,27 @@ def probe_and_fail(report: WatchReport) -> list[Replica]:
                 .select_related("deployment", "region__cloud")}
     report.probed = len(replicas)
     probes = probe_all({pk: r.url for pk, r in replicas.items()})
+    cut_off = cut_off_regions((replicas[pk].region_id, probe) for pk, probe in probes.items())
     cache = redis_client()
     failed = []
     for pk, probe in probes.items():
         key = TIMEOUT_KEY.format(pk)
         stored: Any = cache.get(key) if probe.timed_out else None
         before = int(stored or 0)
-        is_failed, timeouts = replica_verdict(probe, before)
+        is_failed, timeouts = replica_verdict(probe, before,
+                                              region_cut_off=replicas[pk].region_id in cut_off)
         if timeouts:
             cache.set(key, timeouts, ex=60)
         elif before or not probe.ok:
             cache.delete(key)
         if not is_failed:
             continue
+        why = probe.detail
+        if probe.timed_out and timeouts < TIMEOUTS_TO_FAIL:
+            why += "; so did every replica probed in its region (cut off)"
         try:
-            failed.append(transition(replicas[pk], S.FAILED, actor=ACTOR, reason=probe.detail,
-                                     last_error=probe.detail))
+            failed.append(transition(replicas[pk], S.FAILED, actor=ACTOR, reason=why,
+                                     last_error=why))
         except IllegalTransition:
             continue  # drained or failed by another path meanwhile
     report.failed = [r.public_id for r in failed]

@@ -1,6 +1,12 @@
 """Health verdicts: when a probe fails a replica, when a region is down."""
 
-from controlplane.failover.health import Probe, RegionCounts, region_state, replica_verdict
+from controlplane.failover.health import (
+    Probe,
+    RegionCounts,
+    cut_off_regions,
+    region_state,
+    replica_verdict,
+)
 
 
 def test_a_refused_probe_fails_at_once_and_a_good_one_clears_the_count():
@@ -12,6 +18,25 @@ def test_timeouts_fail_only_when_two_come_in_a_row():
     failed, count = replica_verdict(Probe(False, timed_out=True), 0)
     assert (failed, count) == (False, 1)
     assert replica_verdict(Probe(False, timed_out=True), count) == (True, 2)
+
+
+def test_a_timeout_fails_at_once_when_its_whole_region_is_cut_off():
+    assert replica_verdict(Probe(False, timed_out=True), 0, region_cut_off=True) == (True, 1)
+    assert replica_verdict(Probe(True), 0, region_cut_off=True) == (False, 0)
+
+
+TIMEOUT, OK, REFUSED = Probe(False, timed_out=True), Probe(True), Probe(False)
+
+
+def test_a_region_is_cut_off_when_all_its_replicas_time_out_and_another_answers():
+    assert cut_off_regions([("fra", TIMEOUT), ("fra", TIMEOUT), ("ams", OK)]) == {"fra"}
+    # One replica timing out is a stall, whatever its region holds besides.
+    assert cut_off_regions([("fra", TIMEOUT), ("ams", OK)]) == set()
+    assert cut_off_regions([("fra", TIMEOUT), ("fra", OK), ("ams", OK)]) == set()
+    assert cut_off_regions([("fra", TIMEOUT), ("fra", REFUSED), ("ams", OK)]) == set()
+    # Nothing answered anywhere: the control plane's own network may be what failed.
+    assert cut_off_regions([("fra", TIMEOUT), ("fra", TIMEOUT), ("ams", TIMEOUT)]) == set()
+    assert cut_off_regions([("fra", TIMEOUT), ("fra", TIMEOUT)]) == set()
 
 
 def test_region_states():

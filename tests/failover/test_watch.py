@@ -69,6 +69,20 @@ def test_a_slow_health_check_fails_only_on_the_second_timeout(catalog, deploymen
     assert services.watch().failed == [replica.public_id]
 
 
+def test_a_region_whose_replicas_all_time_out_together_fails_in_one_pass(  # type: ignore[no-untyped-def]
+        catalog, deployment, ready_replica, engines, sent_tasks):
+    hung = []
+    for _ in range(2):
+        engine = engines()
+        engine.mode = "slow"
+        hung.append(ready_replica(deployment, catalog["fra"], engine.url))
+    alive = ready_replica(deployment, catalog["ams"], engines().url)
+    report = services.watch()
+    assert sorted(report.failed) == sorted(r.public_id for r in hung)
+    assert Replica.objects.get(pk=alive.pk).state == S.READY
+    assert "cut off" in Replica.objects.get(pk=hung[0].pk).last_error
+
+
 def test_a_region_whose_replicas_all_fail_is_down_and_replacements_avoid_it(  # type: ignore[no-untyped-def]
         catalog, deployment, ready_replica, sent_tasks):
     deployment.spread_regions = 2
