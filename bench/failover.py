@@ -19,7 +19,7 @@ after.
 
 With `--fault partition` the region is cut off instead of killed: every lab region's engines
 and relays run in a Linux network namespace of their own (`MERIDIAN_LAB_NETNS`, made here as
-tests/netns.py makes them, as root), and the drill sets the region's end of its veth link
+controlplane/lab/netns.py makes them, as root), and the drill sets the region's end of its veth link
 down, so its packets are dropped and nothing is reset or refused — the engines keep running,
 unreachable. The control plane finds out by its probes timing out, the edge by its connect,
 dead-peer, first-byte and per-token timeouts. Where namespaces cannot be made (not root, no
@@ -67,8 +67,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controlplane.lab import netns  # noqa: E402
 from controlplane.lab.processes import die_with_parent  # noqa: E402
-from tests import netns  # noqa: E402
 
 # The lab's served model name per engine (controlplane.lab.fleet.FLEETS).
 MODELS = {"enginesim": "llama-3.1-8b", "vllm": "smollm2-135m-instruct"}

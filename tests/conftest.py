@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from tests import netns
+from controlplane.lab import netns
 
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
@@ -95,7 +95,7 @@ def catalog(db):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def netns_lab() -> Iterator[netns.Lab]:
-    """Lab regions in network namespaces (tests/netns.py); skipped, saying why, where they
+    """Lab regions in network namespaces (controlplane/lab/netns.py); skipped, saying why, where they
     cannot be made."""
     reason = netns.why_unavailable()
     if reason:

@@ -11,7 +11,7 @@ SIGUSR1 toggles a black hole (a partition): while it lasts nothing is forwarded 
 and nothing is closed or refused — bytes are held (as TCP would retransmit them) and new
 connections are accepted but not connected upstream — so a client sees a peer that has gone
 silent, not one that has gone away; the next SIGUSR1 heals it and what was held flows on.
-Unlike a kernel partition (tests/netns.py), the relay's own kernel still acknowledges what it
+Unlike a kernel partition (controlplane/lab/netns.py), the relay's own kernel still acknowledges what it
 receives, so to a client it looks like an engine that accepts and never answers.
 """
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab import netns
 from controlplane.lab.processes import die_with_parent
 from edge.table import TableError, parse_table
-from tests import netns
 
 from .conftest import TableFactory, replica
 from .helpers import free_port, running_edge, wait_until

@@ -1,4 +1,4 @@
-"""A partition, not a crash: one of two replicas sits in a network namespace (tests/netns.py)
+"""A partition, not a crash: one of two replicas sits in a network namespace (controlplane/lab/netns.py)
 that starts dropping every packet under load, with no reset. The edge finds out by its own
 timeouts — connect timeout for new connections, the kernel's dead-peer timeout
 (`dead_peer_timeout_s`: TCP keepalive and user timeout) for connections already open —
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab import netns
 from controlplane.lab.processes import die_with_parent
 from regions.geo import one_way_ms
-from tests import netns
 
 from .conftest import TableFactory, replica
 from .helpers import free_port, running_edge, wait_until

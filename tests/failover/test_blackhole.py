@@ -20,7 +20,7 @@ from controlplane.failover import services
 from controlplane.failover.health import TIMEOUTS_TO_FAIL, Probe, replica_verdict
 from controlplane.failover.models import Health, RegionHealth
 from controlplane.failover.probes import probe_all
-from tests import netns
+from controlplane.lab import netns
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.lab import netns
 from controlplane.provisioning.local import (
     LabRegion,
     LocalProvider,
@@ -17,7 +18,6 @@ from controlplane.provisioning.local import (
     parse_netns,
     pid_alive,
 )
-from tests import netns
 
 from .conftest import LAB_REGIONS
 from .test_local import spec, wait_running

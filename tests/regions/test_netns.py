@@ -1,4 +1,4 @@
-"""tests/netns.py: namespaces joined by veth pairs, real kernel delay, partitions that drop
+"""controlplane/lab/netns.py: namespaces joined by veth pairs, real kernel delay, partitions that drop
 packets without a reset, and a cleanup that happens even when the test process is killed."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from controlplane.lab import netns
 from regions.geo import one_way_ms
-from tests import netns
 
 
 def _listener_in(region: netns.Region, port: int) -> subprocess.Popen[bytes]:
@@ -79,7 +79,7 @@ def test_what_a_killed_test_process_made_is_removed_by_its_watchdog() -> None:
     if reason:
         pytest.skip(reason)
     code = ("import sys, time\n"
-            "from tests import netns\n"
+            "from controlplane.lab import netns\n"
             "lab = netns.Lab(); lab.start(); region = lab.region()\n"
             "print(region.name, region.outer, flush=True)\n"
             "time.sleep(600)\n")

@@ -1,4 +1,5 @@
-"""Local regions in Linux network namespaces, for end-to-end tests of delay and partitions.
+"""Local regions in Linux network namespaces: real kernel delay and partitions, for the lab's
+end-to-end tests and benchmarks.
 
 Each `Region` is a namespace joined to the root namespace by a veth pair with a /30 of its
 own (10.213.0.0/16). Its delay is real kernel `tc netem` delay on both ends of the pair, the
@@ -31,7 +32,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NS_PREFIX = "mrdnet-"
 LINK_PREFIX = "mrn"
 WATCHDOG_MAX_S = 1800.0
