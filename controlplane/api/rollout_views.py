@@ -54,7 +54,8 @@ class RolloutSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Rollout
-        fields = ["id", "deployment", "strategy", "state", "steps", "bake_s", "thresholds",
+        fields = ["id", "deployment", "strategy", "state", "steps", "bake_s",
+                  "rollback_window_s", "thresholds",
                   "current_step", "weight", "from_revision", "to_revision", "reason",
                   "created_by", "ended_by", "created_at", "started_at", "ended_at",
                   "step_rows"]
@@ -63,8 +64,15 @@ class RolloutSerializer(serializers.ModelSerializer):
 
 class StartRequest(serializers.Serializer):
     deployment = DeploymentRefField(queryset=Deployment.objects.all())
+    strategy = serializers.JSONField(required=False, help_text=(
+        "canary (default): the new revision on a growing share, step by step; blue_green: "
+        "as many new replicas as the stable ones, all traffic switched once they serve, the "
+        "old set kept for rollback_window_s, then retired."))
     steps = serializers.JSONField(required=False, help_text="Canary weights (%), increasing, "
-                                  "ending at 100. Default [5, 25, 50, 100].")
+                                  "ending at 100. Default [5, 25, 50, 100]; blue_green: [100].")
+    rollback_window_s = serializers.JSONField(required=False, help_text=(
+        "blue_green only: seconds the old set is kept after the switch, the new one judged "
+        "all the while (0 < s ≤ 86400, default 600)."))
     bake_s = serializers.JSONField(required=False, help_text="Seconds each step is held "
                                    "(> 0). Default 300.")
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all(),
@@ -117,7 +125,6 @@ class RolloutViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retrieve
         body.is_valid(raise_exception=True)
         data = dict(body.validated_data)
         deployment = data.pop("deployment")
-        data.setdefault("steps", list(services.DEFAULT_STEPS))
         data.setdefault("bake_s", 300)
         try:
             rollout = services.start(deployment, actor=self._actor(request), **data)

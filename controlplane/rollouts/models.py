@@ -12,6 +12,9 @@ from controlplane.deployments.models import Deployment, Revision
 
 class Strategy(models.TextChoices):
     CANARY = "canary", "Canary"
+    # The whole new set brought up beside the old, all traffic switched at once, the old set
+    # kept serving nothing for a rollback window, then retired.
+    BLUE_GREEN = "blue_green", "Blue/green"
 
 
 class RolloutState(models.TextChoices):
@@ -34,6 +37,10 @@ class Rollout(models.Model):
     steps = models.JSONField(help_text="Canary weights (%), increasing, ending at 100.")
     bake_s = models.PositiveIntegerField(validators=[MinValueValidator(1)],
                                          help_text="How long each step is held (seconds).")
+    rollback_window_s = models.PositiveIntegerField(
+        default=0, help_text="Blue/green: how long the old set is kept after the switch, the "
+                             "new one judged all the while, before it is promoted and the old "
+                             "set retired.")
     state = models.CharField(max_length=16, choices=RolloutState.choices,
                              default=RolloutState.PENDING, db_index=True)
     current_step = models.PositiveSmallIntegerField(default=0)

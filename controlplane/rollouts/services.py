@@ -26,11 +26,18 @@ from controlplane.deployments.models import Deployment, Model, Replica, Revision
 from controlplane.deployments.services import stable_revision
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.rollouts import analysis
-from controlplane.rollouts.models import IN_PROGRESS, Rollout, RolloutState, RolloutStep
+from controlplane.rollouts.models import (
+    IN_PROGRESS,
+    Rollout,
+    RolloutState,
+    RolloutStep,
+    Strategy,
+)
 from controlplane.scaling.services import retire_replica
 from regions.models import GpuType
 
 DEFAULT_STEPS = (5, 25, 50, 100)
+DEFAULT_ROLLBACK_WINDOW_S = 600
 S = RolloutState
 
 
@@ -44,6 +51,29 @@ class RolloutInputError(ValueError):
 
 class RolloutStateError(Exception):
     """The rollout's state does not allow the action; the message says why."""
+
+
+def check_strategy(strategy: Any, steps: Sequence[Any] | None,
+                   rollback_window_s: Any) -> tuple[str, Sequence[Any], int]:
+    """(strategy, steps, rollback window): blue/green is one step of 100% and a window;
+    a canary has no window."""
+    if strategy not in Strategy.values:
+        raise RolloutInputError("strategy", f"strategy must be one of "
+                                            f"{', '.join(Strategy.values)}, not {strategy!r}")
+    if strategy == Strategy.CANARY:
+        if rollback_window_s is not None:
+            raise RolloutInputError("rollback_window_s", "rollback_window_s is for blue_green "
+                                                         "rollouts only")
+        return strategy, DEFAULT_STEPS if steps is None else steps, 0
+    if steps is not None and list(steps) != [100]:
+        raise RolloutInputError("steps", "a blue_green rollout switches all traffic at once: "
+                                         "leave steps out (or give [100])")
+    window = DEFAULT_ROLLBACK_WINDOW_S if rollback_window_s is None else rollback_window_s
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 < window <= 86400:
+        raise RolloutInputError("rollback_window_s", f"rollback_window_s must be a whole "
+                                                     f"number of seconds in (0, 86400], not "
+                                                     f"{window!r}")
+    return strategy, [100], window
 
 
 def check_steps(steps: Sequence[Any], bake_s: Any) -> list[int]:
@@ -139,13 +169,16 @@ def _close_step(rollout: Rollout, decision: str, figures: dict[str, Any] | None 
 
 
 @transaction.atomic
-def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_STEPS,
-          bake_s: Any = 300, model: Model | None = None, vllm_version: str | None = None,
+def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = None,
+          bake_s: Any = 300, strategy: Any = Strategy.CANARY, rollback_window_s: Any = None,
+          model: Model | None = None, vllm_version: str | None = None,
           engine_args: dict[str, Any] | None = None, tensor_parallel: int | None = None,
           pipeline_parallel: int | None = None, preferred_gpu_type: GpuType | None = None,
           thresholds: Any = None, reason: str = "") -> Rollout:
-    """A new revision (unset settings: the stable revision's) and a canary rollout of it at
-    its first step, with one canary replica asked for beside a live stable one."""
+    """A new revision (unset settings: the stable revision's) and a rollout of it at its
+    first step, the canary replicas that step needs asked for beside the stable ones (for
+    blue/green: as many as them, all traffic switched once they serve)."""
+    strategy, steps, window = check_strategy(strategy, steps, rollback_window_s)
     weights = check_steps(steps, bake_s)
     try:
         limits = analysis.check_thresholds(
@@ -173,7 +206,8 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_
         with transaction.atomic():
             rollout = Rollout.objects.create(
                 deployment=locked, from_revision=stable, to_revision=revision,
-                steps=weights, bake_s=bake_s, thresholds=limits, state=S.RUNNING,
+                strategy=strategy, steps=weights, bake_s=bake_s,
+                rollback_window_s=window, thresholds=limits, state=S.RUNNING,
                 created_by=actor, started_at=now)
     except IntegrityError:
         raise RolloutStateError(f"deployment {locked.name} already has a rollout in "
@@ -182,8 +216,9 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] = DEFAULT_
     _set_split(locked.pk, revision, 0)
     step, canaries = _open_step(rollout, actor)
     record_audit(actor, "rollout.started", rollout, reason=reason, changes={
-        "from_revision": stable.number, "to_revision": revision.number, "steps": weights,
-        "bake_s": bake_s, "thresholds": limits, "weight": step.weight,
+        "strategy": strategy, "from_revision": stable.number, "to_revision": revision.number,
+        "steps": weights, "bake_s": bake_s, "rollback_window_s": window or None,
+        "thresholds": limits, "weight": step.weight,
         "canary_replicas": [r.public_id for r in canaries]})
     return rollout
 
@@ -273,8 +308,17 @@ def promote(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
     deployment.enable_prefix_caching = bool(args.get("enable_prefix_caching",
                                                      deployment.enable_prefix_caching))
     deployment.save()
+    retired: list[Replica] = []
+    if rollout.strategy == Strategy.BLUE_GREEN:
+        # The old set has served nothing since the switch: its window is over.
+        retired = list(Replica.objects.filter(deployment=deployment, state__in=LIVE_STATES)
+                       .exclude(revision=revision))
+        for replica in retired:
+            retire_replica(replica, actor=actor,
+                           reason=f"blue/green rollout {rollout.pk} promoted")
     record_audit(actor, "rollout.promoted", rollout, reason=reason, changes={
-        "stable_revision": [rollout.from_revision.number, revision.number]})
+        "stable_revision": [rollout.from_revision.number, revision.number],
+        **({"retired": [r.public_id for r in retired]} if retired else {})})
     return rollout
 
 
@@ -382,6 +426,14 @@ def check(now: Any = None) -> dict[str, str]:
             elif rollout.current_step < len(rollout.steps) - 1:
                 advance(rollout.pk, actor=ANALYST, reason=why, figures=figures)
                 done[str(rollout.pk)] = "advanced"
+            elif rollout.strategy == Strategy.BLUE_GREEN:
+                RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
+                if (now - step.ready_at).total_seconds() >= rollout.rollback_window_s:
+                    promote(rollout.pk, actor=ANALYST, reason=f"rollback window of "
+                            f"{rollout.rollback_window_s} s passed: {why}")
+                    done[str(rollout.pk)] = "promoted"
+                else:
+                    done[str(rollout.pk)] = "in_window"
             else:
                 RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
                 done[str(rollout.pk)] = "awaiting_promote"

@@ -101,6 +101,16 @@ def test_a_too_long_reason_is_refused_naming_the_field(signed_in, rollout):  # t
     assert not AuditLog.objects.filter(action="rollout.rolled_back").exists()
 
 
+def test_a_blue_green_rollout_says_so(signed_in, fleet):  # type: ignore[no-untyped-def]
+    rollout = services.start(fleet.acme, actor="ops", strategy="blue_green", bake_s=30,
+                             rollback_window_s=120)
+    client = signed_in(Role.VIEWER)
+    assert "Blue/green" in client.get("/rollouts/").content.decode()
+    html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "the old set kept 120 s after the switch" in html
+    assert 'id="canary-share">0%</b>' in html  # until the new set serves
+
+
 def test_an_unknown_action_is_404(signed_in, rollout):  # type: ignore[no-untyped-def]
     assert signed_in(Role.OPERATOR).post(f"/rollouts/{rollout.pk}/explode/").status_code == 404
 

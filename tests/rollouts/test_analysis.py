@@ -221,6 +221,62 @@ def test_a_step_goes_live_only_once_its_canary_replicas_serve(catalog, tenants):
     assert deployment.canary_weight == 50
 
 
+@pytest.fixture
+def blue_green(catalog, tenants):  # type: ignore[no-untyped-def]
+    """A blue/green rollout over two stable (blue) replicas, its two green ones serving."""
+    deployment = make_deployment({**catalog, **tenants}, "chat-bg", tenant=None)
+    for i in range(2):
+        Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
+                               url=f"http://10.0.1.{i + 1}:8000")
+    rollout = services.start(deployment, actor="op", strategy="blue_green", bake_s=60,
+                             rollback_window_s=300)
+    assert (rollout.steps, rollout.rollback_window_s) == ([100], 300)
+    green = Replica.objects.filter(revision=rollout.to_revision)
+    assert green.count() == 2  # the whole new set, make-before-break
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 0  # blue serves everything until green does
+    green.update(state=S.READY)
+    assert services.check() == {str(rollout.pk): "live"}
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 100  # all traffic switched at once
+    return rollout
+
+
+def test_blue_green_keeps_the_old_set_for_its_window_then_promotes_and_retires_it(  # type: ignore[no-untyped-def]
+        blue_green, edges):
+    rollout = blue_green
+    blue = list(Replica.objects.filter(deployment=rollout.deployment, revision__isnull=True))
+    now = bake(rollout, edges, stable=series(), canary=series(ok=100), seconds=120)
+    assert services.check(now) == {str(rollout.pk): "in_window"}  # judged, blue kept
+    assert all(r.state == S.READY for r in Replica.objects.filter(pk__in=[b.pk for b in blue]))
+    later = now + timedelta(seconds=200)  # the 300 s window has passed since the switch
+    assert services.check(later) == {str(rollout.pk): "promoted"}
+    rollout.refresh_from_db()
+    assert rollout.state == "promoted" and rollout.ended_by == services.ANALYST
+    assert "rollback window of 300 s passed" in rollout.reason
+    assert {r.state for r in Replica.objects.filter(pk__in=[b.pk for b in blue])} == {
+        S.DRAINING}
+    assert set(Replica.objects.filter(revision=rollout.to_revision)
+               .values_list("state", flat=True)) == {S.READY}
+    event = AuditLog.objects.get(action="rollout.promoted")
+    assert sorted(event.changes["retired"]) == sorted(b.public_id for b in blue)
+
+
+def test_blue_green_failing_in_its_window_switches_back_to_the_old_set(blue_green, edges):  # type: ignore[no-untyped-def]
+    rollout = blue_green
+    now = bake(rollout, edges, stable=series(), canary=series(ok=90, errors=10))
+    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    deployment = rollout.deployment
+    deployment.refresh_from_db()
+    assert deployment.canary_weight == 0 and deployment.canary_revision_id is None
+    assert set(Replica.objects.filter(deployment=deployment, revision__isnull=True)
+               .values_list("state", flat=True)) == {S.READY}
+    assert not Replica.objects.filter(revision=rollout.to_revision, state=S.READY).exists()
+    step = RolloutStep.objects.get(rollout=rollout)
+    assert {c["name"] for c in step.analysis["checks"] if not c["passed"]} == {
+        "error_rate_slo"}
+
+
 @pytest.mark.parametrize(("weight", "stable", "target"), [
     (5, 3, 1), (10, 3, 1), (25, 3, 1), (50, 3, 3), (75, 3, 9), (100, 3, 3), (50, 0, 1),
     (100, 0, 1), (20, 8, 2), (33, 2, 1),

@@ -84,6 +84,11 @@ def test_one_rollout_in_progress_per_deployment_in_the_database(deployment):  # 
     ({"thresholds": {"min_requests": 2.5}}, "thresholds.min_requests"),
     ({"thresholds": {"max_extensions": True}}, "thresholds.max_extensions"),
     ({"thresholds": {"ttft_p99": 2}}, "thresholds.ttft_p99"),
+    ({"strategy": "rainbow"}, "strategy"),
+    ({"strategy": "blue_green", "steps": [50, 100]}, "steps"),
+    ({"strategy": "blue_green", "rollback_window_s": 0}, "rollback_window_s"),
+    ({"strategy": "blue_green", "rollback_window_s": "600"}, "rollback_window_s"),
+    ({"rollback_window_s": 60}, "rollback_window_s"),  # a canary has no window
 ])
 def test_bad_input_is_400_naming_the_field(deployment, operator, body, field):  # type: ignore[no-untyped-def]
     response = start(operator, deployment, **body)
