@@ -124,8 +124,8 @@ class ControlPlaneForward(Listener):
     # --- the control plane's answer -----------------------------------------------------
 
     def on_upstream_head(self, conn: UpstreamConnection) -> bool:
-        headers = b"".join(b"%s: %s\r\n" % (name, value) for name, value in conn.headers
-                           if name not in HOP_BY_HOP)
+        headers = b"".join([b"%s: %s\r\n" % (name, value) for name, value in conn.headers
+                            if name not in HOP_BY_HOP])
         length = None if conn.chunked else conn.content_length
         self.client.start(conn.status, headers, length=length)
         self.client.set_producer(conn)
