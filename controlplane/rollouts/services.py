@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
-from controlplane.deployments.models import Deployment, Model, Replica, Revision
+from controlplane.deployments.models import Deployment, Model, Replica, ReplicaState, Revision
 from controlplane.deployments.services import stable_revision
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.rollouts import analysis
@@ -145,9 +145,26 @@ def _go_live_if_ready(rollout: Rollout, step: RolloutStep) -> bool:
     if serving < canary_target(step.weight, len(_stable_serving(rollout))):
         return False
     step.ready_at = timezone.now()
-    step.save(update_fields=["ready_at"])
+    step.analysis = {}  # no longer waiting; judged from now
+    step.save(update_fields=["ready_at", "analysis"])
     _set_split(rollout.deployment_id, rollout.to_revision, step.weight)
     return True
+
+
+def _waiting_why(rollout: Rollout, step: RolloutStep) -> str:
+    """Why a step is not live yet: its canary replicas, and the last launch failure."""
+    canaries = Replica.objects.filter(revision=rollout.to_revision)
+    serving = canaries.filter(state__in=SERVING_STATES).count()
+    launching = canaries.filter(state__in=LIVE_STATES).exclude(
+        state__in=SERVING_STATES).count()
+    target = canary_target(step.weight, len(_stable_serving(rollout)))
+    why = (f"waiting for {target} canary replica{'s' if target != 1 else ''} to serve "
+           f"{step.weight}%: {serving} serving, {launching} launching")
+    failed = (canaries.filter(state=ReplicaState.FAILED).exclude(last_error="")
+              .order_by("-state_changed_at", "-id").first())
+    if failed is not None:
+        why += f"; the last launch failed: {failed.last_error[:200]}"
+    return why
 
 
 def _open_step(rollout: Rollout, actor: str) -> tuple[RolloutStep, list[Replica]]:
@@ -413,6 +430,10 @@ def check(now: Any = None) -> dict[str, str]:
                 _grow_canary(rollout, step.weight, ANALYST)  # replaces a failed launch
                 if _go_live_if_ready(rollout, step):
                     done[str(rollout.pk)] = "live"
+                else:
+                    waiting = {"verdict": "waiting", "why": _waiting_why(rollout, step)}
+                    if step.analysis != waiting:
+                        RolloutStep.objects.filter(pk=step.pk).update(analysis=waiting)
             continue
         if (now - step.ready_at).total_seconds() < rollout.bake_s * (1 + step.extensions):
             continue

@@ -109,6 +109,9 @@ def test_a_blue_green_rollout_says_so(signed_in, fleet):  # type: ignore[no-unty
     html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "the old set kept 120 s after the switch" in html
     assert 'id="canary-share">0%</b>' in html  # until the new set serves
+    services.check()
+    html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "Waiting for" in html and "canary replicas to serve 100%: 0 serving" in html
 
 
 def test_an_unknown_action_is_404(signed_in, rollout):  # type: ignore[no-untyped-def]

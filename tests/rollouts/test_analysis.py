@@ -210,15 +210,22 @@ def test_a_step_goes_live_only_once_its_canary_replicas_serve(catalog, tenants):
     assert deployment.canary_weight == 10  # the previous weight until they serve
     event = AuditLog.objects.get(action="rollout.advanced")
     assert event.changes["live"] is False and len(event.changes["canary_replicas"]) == 2
-    # One launch fails: check asks for a replacement instead of waiting for ever.
+    # One launch fails: check asks for a replacement instead of waiting for ever, and the
+    # step says what it waits for.
     pending = list(canaries.filter(state=S.PENDING))
-    Replica.objects.filter(pk=pending[0].pk).update(state=S.FAILED)
+    Replica.objects.filter(pk=pending[0].pk).update(state=S.FAILED,
+                                                    last_error="quota: no A100 left in fra")
     assert services.check() == {}
     assert canaries.exclude(state=S.FAILED).count() == 3
+    waiting = RolloutStep.objects.get(rollout=rollout, step=1).analysis
+    assert waiting == {"verdict": "waiting", "why": (
+        "waiting for 3 canary replicas to serve 50%: 1 serving, 2 launching; the last "
+        "launch failed: quota: no A100 left in fra")}
     canaries.exclude(state=S.FAILED).update(state=S.READY)
     assert services.check() == {str(rollout.pk): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 50
+    assert RolloutStep.objects.get(rollout=rollout, step=1).analysis == {}
 
 
 @pytest.fixture
