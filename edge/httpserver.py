@@ -88,7 +88,7 @@ class BodyStream:
     (`on_end`); pieces that arrive before there is one are kept for it. `pause`/`resume`
     stop and restart reading the client's socket (backpressure from a slower destination)."""
 
-    __slots__ = ("_conn", "_held", "_ended", "_on_data", "_on_end", "received")
+    __slots__ = ("_conn", "_held", "_ended", "_on_data", "_on_end", "received", "dropping")
 
     def __init__(self, conn: HttpConnection) -> None:
         self._conn = conn
@@ -97,6 +97,7 @@ class BodyStream:
         self._on_data: Callable[[bytes], None] | None = None
         self._on_end: Callable[[], None] | None = None
         self.received = 0
+        self.dropping = False  # answered already: the rest is read and thrown away
 
     def consume(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
         self._on_data = on_data
@@ -107,8 +108,16 @@ class BodyStream:
         if self._ended:
             on_end()
 
+    def drop_rest(self) -> None:
+        self.dropping = True
+        self._held = []
+        self._on_data = self._on_end = None
+        self.resume()
+
     def feed(self, data: bytes) -> None:
         self.received += len(data)
+        if self.dropping:
+            return
         if self._on_data is None:
             self._held.append(data)
         else:
@@ -320,6 +329,8 @@ class HttpConnection(asyncio.Protocol):
         if stream is not None:
             self._stream = None
             stream.end()
+            if stream.dropping:  # its answer has been sent: now the connection can end
+                self.close()
             return
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         request = self._request(body, None)
@@ -392,11 +403,17 @@ class HttpConnection(asyncio.Protocol):
         self.on_close = None
         self._busy = False
         self.server.busy.discard(self)
-        if self._stream is not None:
+        stream = self._stream
+        if stream is not None and not self.server.closing:
             # Answered before its streamed body was read to the end (a refusal): the rest
-            # of the body cannot be told from a next request, so the connection ends.
-            self._stream = None
+            # is read and thrown away, and the connection ends once it is in (closing with
+            # unread bytes would reset it, and the client could lose the answer). The
+            # idle sweep ends it sooner if the rest does not come within the request
+            # timeout.
+            stream.drop_rest()
             self._close_after = True
+            return
+        self._stream = None
         if self._close_after or self.server.closing:
             self.close()
             return

@@ -39,6 +39,12 @@ class FakeControlPlane:
                           "size": size, "sha256": digest.hexdigest()})
         return web.json_response({"id": "file-1", "object": "file", "bytes": size})
 
+    async def refuse(self, request: web.Request) -> web.Response:
+        """Answers before reading the body, as the control plane does a bad key."""
+        return web.json_response({"error": {"message": "Incorrect API key provided.",
+                                            "type": "invalid_request_error", "param": None,
+                                            "code": "invalid_api_key"}}, status=401)
+
     async def batch(self, request: web.Request) -> web.Response:
         self.seen.append({"path": request.path, "method": request.method,
                           "query": request.query_string,
@@ -64,6 +70,7 @@ async def control_plane() -> AsyncIterator[tuple[FakeControlPlane, str]]:
     plane = FakeControlPlane()
     app = web.Application(client_max_size=64 * MB)
     app.router.add_post("/v1/files", plane.upload)
+    app.router.add_post("/refused/v1/files", plane.refuse)   # a control plane under a path
     app.router.add_get("/v1/files/{file_id}/content", plane.content)
     app.router.add_route("*", "/v1/batches/{batch_id}", plane.batch)
     app.router.add_route("*", "/v1/batches/{batch_id}/cancel", plane.batch)
@@ -179,5 +186,24 @@ def test_an_edge_without_a_control_plane_says_so(
             error = json.loads(await response.text())["error"]
             assert error["code"] == "control_plane_not_configured"
             assert "--control-plane" in error["message"]
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_before_the_upload_ends_reaches_the_client_and_ends_the_connection(
+        signing_key: Ed25519PrivateKey, state_dir: Path) -> None:
+    async def scenario() -> None:
+        async with control_plane() as (plane, url), running_edge(
+                signing_key, state_dir, control_plane=url + "/refused") as edge:
+            response = await edge.session.post(
+                edge.url + "/v1/files", data=b"x" * (8 * MB),
+                headers={"Authorization": "Bearer sk-wrong"})
+            assert response.status == 401
+            assert (await response.json())["error"]["code"] == "invalid_api_key"
+            # The edge is still serving, and has nothing of that request left open.
+            again = await edge.session.post(edge.url + "/v1/files", data=b"{}",
+                                            headers={"Authorization": "Bearer sk-wrong"})
+            assert again.status == 401
+            assert not edge.edge.pool.busy
 
     asyncio.run(scenario())
