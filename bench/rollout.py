@@ -17,7 +17,9 @@ far) through the Frankfurt edge while two rollouts of the demo deployment run:
 Reported: `good_promoted`, `good_failed_requests` (requests of the good phase that did not
 answer 200 with a whole stream), `bad_rolled_back`, `s_to_rollback` (from the bad step's
 start, its rollout's creation, to the rollback; it includes the canary replica's start) and
-`s_fault_to_rollback` (from the first request the bad canary served), `bad_request_share`
+`s_fault_to_rollback` (from the first request the bad canary served), `s_rollback_to_alert` (to the
+`rollout_rolled_back` alert, evaluated every 10 s), `bad_canary_replicas_after` (their
+states once the alert is open: draining or terminated), `bad_request_share`
 (requests the bad revision took — answered by its replica, or refused by the edge for it once
 that replica was ejected — ÷ all requests from the bad phase's first request to 3 s after
 the rollback), `sticky_share` (conversations whose turns were all served by one
@@ -238,6 +240,29 @@ async def run_phase(lab: Lab, *, vllm_version: str, bake_s: int, concurrency: in
     return phase
 
 
+def after_rollback(lab: Lab, rollout: dict[str, Any], timeout_s: float = 20.0
+                   ) -> tuple[float | None, list[str]]:
+    """Seconds from the rollback to the open `rollout_rolled_back` alert (alerts are
+    evaluated every 10 s), and the canary replicas' states then."""
+    ended = _iso(rollout["ended_at"])
+    subject = f"rollout {rollout['id']}"
+    alert_s = None
+    deadline = time.monotonic() + timeout_s
+    while alert_s is None and time.monotonic() < deadline:
+        alerts = api("GET", f"{lab.base}/api/v1/alerts/?rule=rollout_rolled_back&state=open",
+                     lab.token)["results"]
+        found = [a for a in alerts if a["subject"] == subject]
+        if found:
+            alert_s = round(_iso(found[0]["opened_at"]) - ended, 2)
+        else:
+            time.sleep(0.5)
+    events = api("GET", f"{lab.base}/api/v1/audit-log/?action=rollout.rolled_back"
+                        f"&object_id={rollout['id']}", lab.token)["results"]
+    canaries = set(events[0]["changes"].get("retired", [])) if events else set()
+    replicas = api("GET", f"{lab.base}/api/v1/replicas/?page_size=100", lab.token)["results"]
+    return alert_s, sorted(r["state"] for r in replicas if r["public_id"] in canaries)
+
+
 def sticky(phases: list[Phase]) -> tuple[int, int]:
     """(conversations on one revision, conversations with two answered turns)."""
     stayed = counted = 0
@@ -307,6 +332,9 @@ def main() -> None:
             bad = asyncio.run(run_phase(lab, vllm_version="0.11.2", bake_s=bake_s,
                                         concurrency=args.concurrency, fault=fault,
                                         timeout_s=120))
+            alert_s, canary_states = (after_rollback(lab, bad.rollout)
+                                      if bad.rollout["state"] == "rolled_back" else (None, []))
+            log(f"alert opened {alert_s} s after the rollback; canary replicas {canary_states}")
         finally:
             stop_lab(lab)
     good_failed = [t for t in good.turns if not t.ok]
@@ -331,6 +359,8 @@ def main() -> None:
         "s_to_rollback": round(ended - _iso(bad_rollout["started_at"]), 2) if ended else None,
         "s_fault_to_rollback": (round(ended - bad.first_canary_turn, 2)
                                 if ended and bad.first_canary_turn else None),
+        "s_rollback_to_alert": alert_s,
+        "bad_canary_replicas_after": canary_states,
         "bad_request_share": round(bad_served / len(bad.turns), 4) if bad.turns else None,
         "first_step_share": 0.10,
         "bad_phase_requests": len(bad.turns),
