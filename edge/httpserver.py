@@ -469,6 +469,10 @@ class HttpConnection(asyncio.Protocol):
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _head(self, status: int, headers: bytes, length: int | None) -> bytes:
+        if self._stream is not None:
+            # The request's body is still arriving: after this answer the rest is thrown
+            # away and the connection ends, which the client is told.
+            self._close_after = True
         if length is not None:
             framing = b"content-length: %d\r\n" % length
         elif self._close_after:

@@ -199,6 +199,7 @@ def test_an_answer_before_the_upload_ends_reaches_the_client_and_ends_the_connec
                 edge.url + "/v1/files", data=b"x" * (8 * MB),
                 headers={"Authorization": "Bearer sk-wrong"})
             assert response.status == 401
+            assert response.headers["Connection"] == "close"   # the client knows not to reuse it
             assert (await response.json())["error"]["code"] == "invalid_api_key"
             # The edge is still serving, and has nothing of that request left open.
             again = await edge.session.post(edge.url + "/v1/files", data=b"{}",
