@@ -39,7 +39,7 @@ class RevisionSerializer(serializers.ModelSerializer):
 class RolloutStepSerializer(serializers.ModelSerializer):
     class Meta:
         model = RolloutStep
-        fields = ["step", "weight", "started_at", "ready_at", "ended_at", "extensions",
+        fields = ["wave", "step", "weight", "started_at", "ready_at", "ended_at", "extensions",
                   "analysis", "decision"]
         read_only_fields = fields
 
@@ -55,7 +55,7 @@ class RolloutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rollout
         fields = ["id", "deployment", "strategy", "state", "steps", "bake_s",
-                  "rollback_window_s", "thresholds",
+                  "rollback_window_s", "waves", "current_wave", "thresholds",
                   "current_step", "weight", "from_revision", "to_revision", "reason",
                   "created_by", "ended_by", "created_at", "started_at", "ended_at",
                   "step_rows"]
@@ -70,6 +70,11 @@ class StartRequest(serializers.Serializer):
         "old set kept for rollback_window_s, then retired."))
     steps = serializers.JSONField(required=False, help_text="Canary weights (%), increasing, "
                                   "ending at 100. Default [5, 25, 50, 100]; blue_green: [100].")
+    waves = serializers.JSONField(required=False, help_text=(
+        "canary only: lists of edge regions (cloud:code), e.g. [[\"aws:eu-central-1\"], "
+        "[\"aws:us-east-1\", \"gcp:europe-west4\"]]; each wave's edges go through every "
+        "step in turn while earlier waves' stay at 100% and later ones' at 0%. Default: "
+        "every edge at once."))
     rollback_window_s = serializers.JSONField(required=False, help_text=(
         "blue_green only: seconds the old set is kept after the switch, the new one judged "
         "all the while (0 < s ≤ 86400, default 600)."))

@@ -125,6 +125,10 @@ class Deployment(models.Model):
     canary_weight = models.PositiveSmallIntegerField(
         default=0, validators=[MaxValueValidator(100)],
         help_text="Share of new conversations (%) sent to the canary revision.")
+    canary_region_weights = models.JSONField(
+        default=dict, blank=True, help_text=(
+            "A rollout in waves: the canary's share (%) at edges in these regions "
+            "({\"cloud:code\": share}); edges elsewhere use canary_weight."))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -17,9 +17,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
+
 from controlplane.telemetry.edge_metrics import counter_delta, is_error_status
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.models import EdgeSample
+from regions.models import Region
 
 # Every threshold a rollout is judged by, with its default and its bounds. The absolute
 # TTFT limit defaults to the deployment's SLO (`defaults_for`).
@@ -118,13 +121,19 @@ def fold(pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> Revisi
                            itl_p95_s=histogram_quantile(0.95, itl) if itl else None)
 
 
-def figures(revisions: Iterable[int], since: datetime, until: datetime
-            ) -> dict[int, RevisionFigures]:
-    """Each revision's figures over [since, until] across the edges: per edge its newest
-    sample up to `until` against its newest at or before `since` (an edge first scraped
-    inside the window: its first sample in it)."""
+def figures(revisions: Iterable[int], since: datetime, until: datetime,
+            edge_regions: Iterable[str] | None = None) -> dict[int, RevisionFigures]:
+    """Each revision's figures over [since, until] across the edges (those in
+    `edge_regions`, `cloud:code` keys, when given): per edge its newest sample up to `until`
+    against its newest at or before `since` (an edge first scraped inside the window: its
+    first sample in it)."""
     wanted = [str(r) for r in revisions]
     rows = EdgeSample.objects.filter(up=True, at__lte=until).order_by("edge_id")
+    if edge_regions is not None:
+        where = Q(pk__in=[])
+        for key in edge_regions:
+            where |= Q(**Region.key_filter(key, prefix="edge__region__"))
+        rows = rows.filter(where)
     newer = dict(rows.order_by("edge_id", "-at").distinct("edge_id")
                  .values_list("edge_id", "revisions"))
     older = dict(rows.filter(at__lte=since).order_by("edge_id", "-at").distinct("edge_id")

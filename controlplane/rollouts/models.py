@@ -41,8 +41,12 @@ class Rollout(models.Model):
         default=0, help_text="Blue/green: how long the old set is kept after the switch, the "
                              "new one judged all the while, before it is promoted and the old "
                              "set retired.")
+    waves = models.JSONField(default=list, blank=True, help_text=(
+        "Canary in waves: lists of edge regions (cloud:code), each taken through every step "
+        "in turn, earlier waves staying at 100%; empty: every edge at once."))
     state = models.CharField(max_length=16, choices=RolloutState.choices,
                              default=RolloutState.PENDING, db_index=True)
+    current_wave = models.PositiveSmallIntegerField(default=0)
     current_step = models.PositiveSmallIntegerField(default=0)
     thresholds = models.JSONField(default=dict, blank=True, help_text=(
         "What each step is judged by (rollouts.analysis.DEFAULT_THRESHOLDS, the TTFT limit "
@@ -82,6 +86,7 @@ class Rollout(models.Model):
 
 class RolloutStep(models.Model):
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="step_rows")
+    wave = models.PositiveSmallIntegerField(default=0)
     step = models.PositiveSmallIntegerField()
     weight = models.PositiveSmallIntegerField(validators=[MaxValueValidator(100)])
     started_at = models.DateTimeField(auto_now_add=True)
@@ -101,4 +106,4 @@ class RolloutStep(models.Model):
     objects = TenantQuerySet.as_manager()
 
     class Meta:
-        ordering = ["rollout_id", "step", "id"]
+        ordering = ["rollout_id", "wave", "step", "id"]

@@ -34,7 +34,7 @@ from controlplane.rollouts.models import (
     Strategy,
 )
 from controlplane.scaling.services import retire_replica
-from regions.models import GpuType
+from regions.models import GpuType, Region
 
 DEFAULT_STEPS = (5, 25, 50, 100)
 DEFAULT_ROLLBACK_WINDOW_S = 600
@@ -96,12 +96,51 @@ def check_steps(steps: Sequence[Any], bake_s: Any) -> list[int]:
     return weights
 
 
-def _set_split(deployment_id: int, revision: Revision | None, weight: int) -> None:
+def check_waves(waves: Any, strategy: str) -> list[list[str]]:
+    """Waves of edge regions: lists of known `cloud:code` keys, none twice."""
+    if waves is None or waves == []:
+        return []
+    if strategy != Strategy.CANARY:
+        raise RolloutInputError("waves", "waves are for canary rollouts only")
+    if not isinstance(waves, list) or not all(isinstance(w, list) and w for w in waves):
+        raise RolloutInputError("waves", "waves must be a list of non-empty lists of regions "
+                                         "(cloud:code), such as [[\"aws:eu-central-1\"], "
+                                         "[\"aws:us-east-1\"]]")
+    seen: set[str] = set()
+    for i, wave in enumerate(waves):
+        for j, key in enumerate(wave):
+            field = f"waves[{i}][{j}]"
+            if not isinstance(key, str) or not Region.objects.filter(
+                    **Region.key_filter(key)).exists():
+                raise RolloutInputError(field, f"no region {key!r}; use cloud:code")
+            if key in seen:
+                raise RolloutInputError(field, f"region {key} is in two waves")
+            seen.add(key)
+    return [list(w) for w in waves]
+
+
+def _set_split(rollout: Rollout | None, deployment_id: int, revision: Revision | None,
+               weight: int) -> None:
+    """The canary's share in the tables: everywhere, or, for a rollout in waves, `weight`
+    at the current wave's edges, 100 at earlier waves', 0 elsewhere."""
     # update() skips post_save, so save() the row for routing's push trigger.
     deployment = Deployment.objects.get(pk=deployment_id)
     deployment.canary_revision = revision
+    regions: dict[str, int] = {}
+    if rollout is not None and rollout.waves and revision is not None:
+        for i, wave in enumerate(rollout.waves[:rollout.current_wave + 1]):
+            regions.update(dict.fromkeys(wave, weight if i == rollout.current_wave else 100))
+        weight = 0
     deployment.canary_weight = weight
-    deployment.save(update_fields=["canary_revision", "canary_weight", "updated_at"])
+    deployment.canary_region_weights = regions
+    deployment.save(update_fields=["canary_revision", "canary_weight",
+                                   "canary_region_weights", "updated_at"])
+
+
+def _capacity_weight(rollout: Rollout, step: RolloutStep) -> int:
+    """The share the canary replicas must carry: past the first wave, earlier waves' edges
+    send it everything, so as many as the stable ones."""
+    return 100 if rollout.current_wave > 0 else step.weight
 
 
 def canary_target(weight: int, stable_serving: int) -> int:
@@ -142,12 +181,12 @@ def _go_live_if_ready(rollout: Rollout, step: RolloutStep) -> bool:
         return True
     serving = Replica.objects.filter(revision=rollout.to_revision,
                                      state__in=SERVING_STATES).count()
-    if serving < canary_target(step.weight, len(_stable_serving(rollout))):
+    if serving < canary_target(_capacity_weight(rollout, step), len(_stable_serving(rollout))):
         return False
     step.ready_at = timezone.now()
     step.analysis = {}  # no longer waiting; judged from now
     step.save(update_fields=["ready_at", "analysis"])
-    _set_split(rollout.deployment_id, rollout.to_revision, step.weight)
+    _set_split(rollout, rollout.deployment_id, rollout.to_revision, step.weight)
     return True
 
 
@@ -157,7 +196,7 @@ def _waiting_why(rollout: Rollout, step: RolloutStep) -> str:
     serving = canaries.filter(state__in=SERVING_STATES).count()
     launching = canaries.filter(state__in=LIVE_STATES).exclude(
         state__in=SERVING_STATES).count()
-    target = canary_target(step.weight, len(_stable_serving(rollout)))
+    target = canary_target(_capacity_weight(rollout, step), len(_stable_serving(rollout)))
     why = (f"waiting for {target} canary replica{'s' if target != 1 else ''} to serve "
            f"{step.weight}%: {serving} serving, {launching} launching")
     failed = (canaries.filter(state=ReplicaState.FAILED).exclude(last_error="")
@@ -170,9 +209,10 @@ def _waiting_why(rollout: Rollout, step: RolloutStep) -> str:
 def _open_step(rollout: Rollout, actor: str) -> tuple[RolloutStep, list[Replica]]:
     """The next step: its canary replicas asked for, its weight live if they already
     serve (else the previous weight stays until `check` sees them serving)."""
-    step = RolloutStep.objects.create(rollout=rollout, step=rollout.current_step,
+    step = RolloutStep.objects.create(rollout=rollout, wave=rollout.current_wave,
+                                      step=rollout.current_step,
                                       weight=rollout.steps[rollout.current_step])
-    made = _grow_canary(rollout, step.weight, actor)
+    made = _grow_canary(rollout, _capacity_weight(rollout, step), actor)
     _go_live_if_ready(rollout, step)
     return step, made
 
@@ -181,13 +221,15 @@ def _close_step(rollout: Rollout, decision: str, figures: dict[str, Any] | None 
     changes: dict[str, Any] = {"ended_at": timezone.now(), "decision": decision}
     if figures is not None:
         changes["analysis"] = figures
-    RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
-                               ended_at__isnull=True).update(**changes)
+    RolloutStep.objects.filter(rollout=rollout, wave=rollout.current_wave,
+                               step=rollout.current_step, ended_at__isnull=True
+                               ).update(**changes)
 
 
 @transaction.atomic
 def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = None,
           bake_s: Any = 300, strategy: Any = Strategy.CANARY, rollback_window_s: Any = None,
+          waves: Any = None,
           model: Model | None = None, vllm_version: str | None = None,
           engine_args: dict[str, Any] | None = None, tensor_parallel: int | None = None,
           pipeline_parallel: int | None = None, preferred_gpu_type: GpuType | None = None,
@@ -197,6 +239,7 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
     blue/green: as many as them, all traffic switched once they serve)."""
     strategy, steps, window = check_strategy(strategy, steps, rollback_window_s)
     weights = check_steps(steps, bake_s)
+    wave_regions = check_waves(waves, strategy)
     try:
         limits = analysis.check_thresholds(
             thresholds, analysis.defaults_for(deployment.slo_ttft_p95_ms))
@@ -223,21 +266,27 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
         with transaction.atomic():
             rollout = Rollout.objects.create(
                 deployment=locked, from_revision=stable, to_revision=revision,
-                strategy=strategy, steps=weights, bake_s=bake_s,
+                strategy=strategy, steps=weights, bake_s=bake_s, waves=wave_regions,
                 rollback_window_s=window, thresholds=limits, state=S.RUNNING,
                 created_by=actor, started_at=now)
     except IntegrityError:
         raise RolloutStateError(f"deployment {locked.name} already has a rollout in "
                                 "progress") from None
     # Listed in the tables at share 0 until its replicas serve the first step's weight.
-    _set_split(locked.pk, revision, 0)
+    _set_split(rollout, locked.pk, revision, 0)
     step, canaries = _open_step(rollout, actor)
     record_audit(actor, "rollout.started", rollout, reason=reason, changes={
         "strategy": strategy, "from_revision": stable.number, "to_revision": revision.number,
         "steps": weights, "bake_s": bake_s, "rollback_window_s": window or None,
+        "waves": wave_regions or None,
         "thresholds": limits, "weight": step.weight,
         "canary_replicas": [r.public_id for r in canaries]})
     return rollout
+
+
+def _at_last_step(rollout: Rollout) -> bool:
+    return (rollout.current_step >= len(rollout.steps) - 1
+            and rollout.current_wave >= max(len(rollout.waves), 1) - 1)
 
 
 def _locked(rollout_id: int) -> Rollout:
@@ -271,8 +320,9 @@ def _hold_or_go(rollout_id: int, action: str, from_state: str, to_state: str, ev
     rollout.state = to_state
     rollout.save(update_fields=["state"])
     if to_state == S.RUNNING:
-        RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
-                                   ended_at__isnull=True).update(decision="", extensions=0)
+        RolloutStep.objects.filter(rollout=rollout, wave=rollout.current_wave,
+                                   step=rollout.current_step, ended_at__isnull=True
+                                   ).update(decision="", extensions=0)
     record_audit(actor, event, rollout, reason=reason,
                  changes={"step": rollout.current_step, "weight": rollout.weight})
     return rollout
@@ -284,16 +334,23 @@ def advance(rollout_id: int, *, actor: str, reason: str = "",
     """The next step's weight; at the last step (100) the rollout waits for promote."""
     rollout = _locked(rollout_id)
     _refuse(rollout, "advance", [S.RUNNING])
-    if rollout.current_step >= len(rollout.steps) - 1:
+    if _at_last_step(rollout):
         raise RolloutStateError(f"rollout {rollout.pk} is at its last step "
                                 f"({rollout.weight}%): promote it or roll it back")
     _close_step(rollout, "advanced", figures)
     previous = rollout.weight
-    rollout.current_step += 1
-    rollout.save(update_fields=["current_step"])
+    if rollout.current_step < len(rollout.steps) - 1:
+        rollout.current_step += 1
+    else:  # the wave is at 100%: the next wave from the first step
+        rollout.current_wave += 1
+        rollout.current_step = 0
+    rollout.save(update_fields=["current_step", "current_wave"])
     step, made = _open_step(rollout, actor)
     record_audit(actor, "rollout.advanced", rollout, reason=reason,
                  changes={"step": rollout.current_step, "weight": [previous, step.weight],
+                          **({"wave": rollout.current_wave,
+                              "regions": rollout.waves[rollout.current_wave]}
+                             if rollout.waves else {}),
                           "live": step.ready_at is not None,
                           "canary_replicas": [r.public_id for r in made],
                           **({"analysis": figures} if figures is not None else {})})
@@ -318,6 +375,7 @@ def promote(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
     deployment.stable_revision = revision
     deployment.canary_revision = None
     deployment.canary_weight = 0
+    deployment.canary_region_weights = {}
     deployment.model_id = revision.model_id
     deployment.tensor_parallel = revision.tensor_parallel
     deployment.pipeline_parallel = revision.pipeline_parallel
@@ -352,7 +410,7 @@ def roll_back(rollout_id: int, *, actor: str, reason: str = "",
     rollout.reason = reason
     rollout.ended_by = actor
     rollout.save(update_fields=["state", "ended_at", "reason", "ended_by"])
-    _set_split(rollout.deployment_id, None, 0)
+    _set_split(rollout, rollout.deployment_id, None, 0)
     canaries = list(Replica.objects.filter(revision=rollout.to_revision,
                                            state__in=LIVE_STATES))
     for replica in canaries:
@@ -374,12 +432,17 @@ def limits_of(rollout: Rollout) -> dict[str, float]:
 def step_figures(rollout: Rollout, since: Any, until: Any) -> tuple[str, str, dict[str, Any]]:
     """The step's verdict, why, and the figures it rests on."""
     limits = limits_of(rollout)
-    got = analysis.figures([rollout.to_revision_id, rollout.from_revision_id], since, until)
+    # A rollout in waves is judged at the current wave's edges only: elsewhere the canary
+    # has all of the traffic or none.
+    regions = rollout.waves[rollout.current_wave] if rollout.waves else None
+    got = analysis.figures([rollout.to_revision_id, rollout.from_revision_id], since, until,
+                           edge_regions=regions)
     canary, stable = got[rollout.to_revision_id], got[rollout.from_revision_id]
     compared = stable if rollout.weight < 100 else None
     verdict, why, done = analysis.judge(canary, compared, limits)
     return verdict, why, {
         "window": [since.isoformat(), until.isoformat()], "verdict": verdict, "why": why,
+        **({"edge_regions": regions} if regions else {}),
         "thresholds": limits, "checks": [c.as_dict() for c in done],
         "canary": {"revision": rollout.to_revision.number, **canary.as_dict()},
         "stable": {"revision": rollout.from_revision.number, **stable.as_dict()},
@@ -421,13 +484,15 @@ def check(now: Any = None) -> dict[str, str]:
     running = Rollout.objects.filter(state=S.RUNNING).select_related(
         "deployment", "from_revision", "to_revision")
     for rollout in running:
-        step = RolloutStep.objects.filter(rollout=rollout, step=rollout.current_step,
+        step = RolloutStep.objects.filter(rollout=rollout, wave=rollout.current_wave,
+                                          step=rollout.current_step,
                                           ended_at__isnull=True).first()
         if step is None:
             continue
         if step.ready_at is None:
             with transaction.atomic():
-                _grow_canary(rollout, step.weight, ANALYST)  # replaces a failed launch
+                # replaces a failed launch
+                _grow_canary(rollout, _capacity_weight(rollout, step), ANALYST)
                 if _go_live_if_ready(rollout, step):
                     done[str(rollout.pk)] = "live"
                 else:
@@ -444,7 +509,7 @@ def check(now: Any = None) -> dict[str, str]:
                 done[str(rollout.pk)] = "rolled_back"
             elif verdict == "no_data":
                 done[str(rollout.pk)] = _extend_or_hold(rollout.pk, step.pk, why, figures)
-            elif rollout.current_step < len(rollout.steps) - 1:
+            elif not _at_last_step(rollout):
                 advance(rollout.pk, actor=ANALYST, reason=why, figures=figures)
                 done[str(rollout.pk)] = "advanced"
             elif rollout.strategy == Strategy.BLUE_GREEN:

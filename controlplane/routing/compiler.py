@@ -45,6 +45,9 @@ class ReplicaView:
     # rollout in progress): the replica's revision id, and each revision's share (%).
     revision: str | None = None
     revision_shares: Mapping[str, float] | None = None
+    # A rollout in waves: the shares at edges in these regions (edge region → shares);
+    # edges elsewhere take `revision_shares`.
+    revision_shares_by_region: Mapping[str, Mapping[str, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,13 @@ def compile_table(
         entry = models.setdefault(replica.model, {"replicas": []})
         entry["replicas"].append(replica_entry(edge, replica))
         if replica.revision_shares is not None:
-            # Revision weights: each revision's share of the model's new conversations.
+            # Revision weights: each revision's share of the model's new conversations (at
+            # this edge, for a rollout in waves).
+            given = replica.revision_shares
+            if replica.revision_shares_by_region:
+                given = replica.revision_shares_by_region.get(edge.region, given)
             shares = entry.setdefault("revisions", {})
-            for revision, share in replica.revision_shares.items():
+            for revision, share in given.items():
                 shares[revision] = float(share)
     for entry in models.values():
         if "revisions" in entry:

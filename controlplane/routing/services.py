@@ -85,10 +85,17 @@ def revision_fields(replica: Replica) -> dict[str, Any]:
     canary, stable = deployment.canary_revision_id, deployment.stable_revision_id
     if canary is None or stable is None:
         return {}
-    weight = float(deployment.canary_weight)
+    def shares(weight: float) -> dict[str, float]:
+        return {str(stable): 100.0 - weight, str(canary): weight}
+
     revision = replica.revision_id if replica.revision_id is not None else stable
-    return {"revision": str(revision),
-            "revision_shares": {str(stable): 100.0 - weight, str(canary): weight}}
+    fields: dict[str, Any] = {"revision": str(revision),
+                              "revision_shares": shares(float(deployment.canary_weight))}
+    if deployment.canary_region_weights:  # a rollout in waves: shares by the edge's region
+        fields["revision_shares_by_region"] = {
+            region: shares(float(weight))
+            for region, weight in deployment.canary_region_weights.items()}
+    return fields
 
 
 def key_views() -> list[compiler.TenantKeyView]:

@@ -71,7 +71,9 @@ def step_rows(rollout: Rollout) -> list[dict[str, Any]]:
         failed = [c for c in figures.get("checks", []) if not c.get("passed")]
         rows.append({
             "step": step, "figures": figures, "live": live, "failed": failed,
-            "label": f"{step.step + 1}: {step.weight}%",
+            "label": (f"wave {step.wave + 1} · " if rollout.waves else "")
+                     + f"{step.step + 1}: {step.weight}%",
+            "regions": rollout.waves[step.wave] if rollout.waves else [],
             "requests": _pair(figures, "requests", lambda v: f"{v:.0f}"),
             "errors": _pair(figures, "error_rate", lambda v: f"{v:.1%}"),
             "ttft": _pair(figures, "ttft_p95_s", lambda v: f"{v * 1000:.0f} ms"),
@@ -87,7 +89,8 @@ def rollout_detail(request: HttpRequest, pk: int) -> HttpResponse:
     rows = step_rows(rollout)
     may_act = _may_act(request)
     in_progress = rollout.state in IN_PROGRESS
-    current = next((r["step"] for r in rows if r["step"].step == rollout.current_step), None)
+    current = next((r["step"] for r in rows if (r["step"].wave, r["step"].step)
+                    == (rollout.current_wave, rollout.current_step)), None)
     return render_page(request, "frontend/rollouts/detail.html", {
         "rollout": rollout,
         "rows": rows,

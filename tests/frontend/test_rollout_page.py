@@ -114,6 +114,14 @@ def test_a_blue_green_rollout_says_so(signed_in, fleet):  # type: ignore[no-unty
     assert "Waiting for" in html and "canary replicas to serve 100%: 0 serving" in html
 
 
+def test_a_rollout_in_waves_shows_its_waves(signed_in, fleet, catalog):  # type: ignore[no-untyped-def]
+    rollout = services.start(fleet.acme, actor="ops", steps=[10, 100], bake_s=30,
+                             waves=[[catalog["fra"].key], [catalog["iad"].key]])
+    html = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "in 2 waves of edge regions" in html and "now wave 1" in html
+    assert 'id="step-0-0"' in html
+
+
 def test_an_unknown_action_is_404(signed_in, rollout):  # type: ignore[no-untyped-def]
     assert signed_in(Role.OPERATOR).post(f"/rollouts/{rollout.pk}/explode/").status_code == 404
 
