@@ -344,6 +344,10 @@ def eligible_replicas(batch: Batch) -> list[Replica]:
     return list(rows)
 
 
+# How soon a batch looks again at an edge that could not take its lines.
+EDGE_RECHECK_S = 1.0
+
+
 def batch_edge_url() -> str | None:
     """The edge lines are sent through: BATCH_EDGE_URL, else the first enabled edge with a
     public URL (the lab's first edge); None: no edge, lines go straight to replicas."""
@@ -371,18 +375,19 @@ def edge_route(batch: Batch) -> EdgeRoute | None:
                             "x-meridian-tier": "batch"})
 
 
-def edge_knows_key(route: EdgeRoute, timeout_s: float = 5.0) -> bool:
-    """False while the edge refuses the batch's key (its table does not hold it yet: a new
-    key reaches the edges with the next table); any other answer, or none, is left to the
-    sends and their retries."""
+def edge_unready(route: EdgeRoute, timeout_s: float = 5.0) -> str:
+    """Why the edge cannot take the batch's lines now, or "" when it can: it does not answer
+    (down, restarting), or it refuses the batch's key (its table does not hold it yet: a new
+    key reaches the edges with the next table). Any other answer is left to the sends and
+    their retries."""
     request = urllib.request.Request(route.url + "/v1/models", headers=route.headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
-            return True
+            return ""
     except urllib.error.HTTPError as exc:
-        return exc.code != 401
-    except (TimeoutError, OSError):
-        return True
+        return "the edge does not know the batch's key yet" if exc.code == 401 else ""
+    except (TimeoutError, OSError) as exc:  # URLError is an OSError
+        return f"the edge at {route.url} does not answer ({exc})"
 
 
 def send(url: str, body: dict[str, Any], timeout_s: float,
@@ -575,8 +580,12 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
             wait = _idle(batch)
             return None if wait is None else _wait_cap()
         if route is not None and not route_checked:
-            if not edge_knows_key(route):
-                return min(_wait_cap(), 1.0)  # the key is on its way to the edge's table
+            # As with no replica: while the edge cannot take lines none is claimed and no
+            # attempt spent, so an edge restarting does not use up the lines' attempts.
+            why = edge_unready(route)
+            if why:
+                log.info("batch %s waits: %s", batch.pk, why)
+                return min(_wait_cap(), EDGE_RECHECK_S)
             route_checked = True
         if state is None:
             # Before the batch's first send: the replicas' TTFT without it is the baseline
@@ -607,6 +616,8 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
                 record(sends[done], worker, outcome)
                 outcomes.append(outcome)
         refused = sum(1 for o in outcomes if o.status in (429, 503))
+        if route is not None and any(o.status is None for o in outcomes):
+            route_checked = False  # no answer: is the edge still there?
         if time.monotonic() - pressure_at >= pressure_every_s:
             pressure_at = time.monotonic()
             pressure = replica_pressure(replicas, len(lines), refused,

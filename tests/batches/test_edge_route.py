@@ -165,3 +165,31 @@ def test_concurrency_grows_after_full_rounds_halves_at_capacity_and_is_shared(
     drive(batch_id)
     assert Batch.objects.get(pk=batch_id).status == "completed"
     assert services.load_concurrency(batch_id) is None   # forgotten with the batch
+
+
+def test_while_the_edge_does_not_answer_no_line_is_claimed_nor_attempt_spent(
+        fleet: Any, batch_settings: Any) -> None:
+    from .conftest import FakeEngine
+
+    c = client(fleet["acme"])
+    file_id = upload(c, jsonl(line("a", "hello"), line("b", "bye"))).json()["id"]
+    batch_id = create(c, file_id).json()["id"]
+    gone = FakeEngine()
+    batch_settings.BATCH_EDGE_URL = gone.url
+    gone.close()                                       # the edge is down (restarting)
+
+    for _ in range(3):
+        wait = services.process(batch_id, "w1", budget_s=5.0)
+        assert wait is not None and wait <= services.EDGE_RECHECK_S
+    assert not BatchLine.objects.filter(batch_id=batch_id).exclude(
+        state=LineState.QUEUED, attempts=0).exists()
+
+    edge = FakeEdge()                                  # it is back
+    try:
+        batch_settings.BATCH_EDGE_URL = edge.url
+        edge.known.add(runner_secret(batch_id))
+        drive(batch_id)
+        assert sorted(s["prompt"] for s in edge.sends) == ["bye", "hello"]
+        assert Batch.objects.get(pk=batch_id).status == "completed"
+    finally:
+        edge.close()
