@@ -23,10 +23,11 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import F, Func, IntegerField, Q, Sum
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from controlplane.batches.models import Batch, LineState
+from controlplane.batches.usage import UsageTokens
 from controlplane.costs.services import usd_per_mtok, window_costs
 from controlplane.deployments.models import Replica
 from controlplane.telemetry.models import ReplicaSample
@@ -36,15 +37,6 @@ SAMPLE_SLACK = timedelta(minutes=2)
 # The interactive window is as long as the batch's run, within these bounds.
 MIN_INTERACTIVE_WINDOW = timedelta(minutes=1)
 MAX_INTERACTIVE_WINDOW = timedelta(hours=1)
-
-
-class UsageTokens(Func):
-    """A line's `result.usage.total_tokens`, 0 where the engine reported none."""
-
-    output_field = IntegerField()
-    template = ("CASE WHEN jsonb_typeof(%(expressions)s -> 'usage' -> 'total_tokens') = "
-                "'number' THEN (%(expressions)s -> 'usage' ->> 'total_tokens')::bigint "
-                "ELSE 0 END")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from controlplane.batches.cost import BatchCost, UsageTokens, batch_cost
+from controlplane.batches.cost import BatchCost, batch_cost
 from controlplane.batches.models import FINISHED, Batch, BatchLine, BatchStatus, LineState
+from controlplane.batches.usage import UsageTokens
 
 # The rate behind an ETA is measured over this much of the recent past.
 RATE_WINDOW = timedelta(minutes=5)
