@@ -1,4 +1,5 @@
-"""The Celery app: two queues, `control` for fast loops and `provision` for slow provider jobs."""
+"""The Celery app: three queues, `control` for fast loops, `provision` for slow provider jobs
+and `batch` for the batch runner (a run holds its worker for up to BATCH_TASK_BUDGET_S)."""
 
 from __future__ import annotations
 
@@ -11,5 +12,5 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("meridian")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.task_queues = (Queue("control"), Queue("provision"))
+app.conf.task_queues = (Queue("control"), Queue("provision"), Queue("batch"))
 app.autodiscover_tasks()

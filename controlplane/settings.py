@@ -158,7 +158,7 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
-CELERY_TASK_ROUTES = {"provisioning.*": {"queue": "provision"}}
+CELERY_TASK_ROUTES = {"provisioning.*": {"queue": "provision"}, "batches.*": {"queue": "batch"}}
 # Any one worker may die at any moment (DESIGN §6): a task is acknowledged once it has run,
 # a task whose pool process was killed goes back to the queue, and a worker holds one
 # message at a time. Every task is safe to run twice; the reconcile loops find again from

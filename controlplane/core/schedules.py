@@ -31,7 +31,7 @@ SCHEDULES: tuple[Schedule, ...] = (
     Schedule("alerts evaluate", "alerts.evaluate", 10),
     Schedule("placement replan", "placement.replan", 300),
     Schedule("resume applying plans", "plans.resume_applying", 5),
-    Schedule("batches sweep", "batches.sweep", 30),
+    Schedule("batches sweep", "batches.sweep", 30, queue="batch"),
     Schedule("rollouts check", "rollouts.check", 2),
     Schedule("refresh offer prices", "regions.refresh_offers", 3600, queue="provision"),
     Schedule("reap cloud clusters", "provisioning.reap_cloud_clusters", 600, queue="provision"),

@@ -36,8 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="control plane only: no local replicas, no edges")
     parser.add_argument("--replicas-of-each", type=int, default=1, metavar="N",
                         help="run N of each control-plane process (web, control worker, "
-                             "provision worker, beat); with 2 or more the lab restarts one that "
-                             "dies, as a process manager would, instead of stopping")
+                             "provision worker, batch worker, beat); with 2 or more the lab "
+                             "restarts one that dies, as a process manager would, instead of stopping")
     return parser.parse_args(argv)
 
 
@@ -176,6 +176,11 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
         group.start(f"provisioner{n}", [python, "-m", "celery", "-A", "controlplane", "worker",
                                         "-Q", "provision", "--concurrency", "2",
                                         "-n", f"provision{n}@%h", "--loglevel", "INFO"])
+        # Batch runs hold a pool process for up to BATCH_TASK_BUDGET_S: a queue of their own
+        # keeps them from delaying the control loops.
+        group.start(f"batcher{n}", [python, "-m", "celery", "-A", "controlplane", "worker",
+                                    "-Q", "batch", "--concurrency", "2", "-n", f"batch{n}@%h",
+                                    "--loglevel", "INFO"])
         group.start(f"beat{n}", [python, "-m", "celery", "-A", "controlplane", "beat",
                                  "--loglevel", "INFO", "--schedule",
                                  str(args.var_dir / "lab" / f"celerybeat{n}-schedule")])
@@ -223,7 +228,7 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
 """)
 
 
-CONTROL_PLANE = ("web", "worker", "provisioner", "beat")
+CONTROL_PLANE = ("web", "worker", "provisioner", "batcher", "beat")
 
 
 def _restart_control_plane(group: ProcessGroup, dead: list) -> list:  # type: ignore[type-arg]

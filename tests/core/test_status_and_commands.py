@@ -57,10 +57,26 @@ def test_every_scheduled_task_exists_and_queues_where_its_worker_listens():  # t
     app.loader.import_default_modules()
     missing = [s.task for s in SCHEDULES if s.task not in app.tasks]
     assert missing == []
-    assert {s.queue for s in SCHEDULES} <= {"control", "provision"}
+    assert {s.queue for s in SCHEDULES} <= {"control", "provision", "batch"}
+    assert {q.name for q in app.conf.task_queues} == {"control", "provision", "batch"}
     # The fast loops must not wait behind provider jobs.
     fast = {s.task for s in SCHEDULES if s.every_s <= 2}
     assert fast and all(s.queue == "control" for s in SCHEDULES if s.task in fast)
+
+
+def test_batch_tasks_go_to_the_batch_queue_and_control_loops_stay_on_control():  # type: ignore[no-untyped-def]
+    from controlplane.celery import app
+
+    app.loader.import_default_modules()
+    router = app.amqp.router
+    for name in ("batches.run_batch", "batches.sweep"):
+        assert router.route({}, name)["queue"].name == "batch", name
+    # A batch run holds its worker for up to BATCH_TASK_BUDGET_S: never beside the 1 s watch.
+    for name in ("failover.watch", "telemetry.autoscale", "telemetry.collect"):
+        assert router.route({}, name)["queue"].name == "control", name
+    assert router.route({}, "provisioning.provision_replica")["queue"].name == "provision"
+    sweep = next(s for s in SCHEDULES if s.task == "batches.sweep")
+    assert sweep.queue == "batch"
 
 
 def test_create_api_token_prints_token_last(tenants):  # type: ignore[no-untyped-def]

@@ -74,11 +74,15 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
             except OSError:
                 time.sleep(0.5)
                 continue
-            if code == 200 and body["celery"]["ok"] and body["beat"]["ok"]:
+            # Every queue's worker answers: control, provision and batch.
+            queues = {w.split("@")[0] for w in body.get("workers", [])}
+            if code == 200 and body["celery"]["ok"] and body["beat"]["ok"] \
+                    and {"control", "provision", "batch"} <= queues:
                 break
             time.sleep(1)
         assert body.get("database", {}).get("ok"), body
         assert body["celery"]["ok"] and body["beat"]["ok"], body
+        assert {"control", "provision", "batch"} <= {w.split("@")[0] for w in body["workers"]}, body
         code, offers = get_json(f"http://127.0.0.1:{port}/api/v1/offers/?gpu=H100", token)
         assert code == 200 and offers["count"] > 0
         docs = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/docs/", timeout=5).read()
@@ -111,7 +115,7 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
     assert lab.returncode == 0, "".join(output) + rest
     assert "stopped" in rest
     logs = tmp_path / "lab" / "logs"
-    for name in ("web", "worker", "beat", "edge-eu", "edge-us"):
+    for name in ("web", "worker", "provisioner", "batcher", "beat", "edge-eu", "edge-us"):
         assert (logs / f"{name}.log").exists()
     for pattern in (f"--bind 127.0.0.1:{port}", f"--listen 127.0.0.1:{edge_port}"):
         leftovers = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True)
