@@ -97,6 +97,9 @@ def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
     return entry
 
 
+SHARED_POOL = "*"
+
+
 def compile_table(
     edge: EdgeView,
     replicas: Iterable[ReplicaView],
@@ -106,9 +109,21 @@ def compile_table(
     version: int,
     issued_at: str,
     key_id: str,
+    batch_pools: Mapping[str, Iterable[str | None]] | None = None,
 ) -> dict[str, Any]:
-    """The unsigned table for `edge`; sign it with routing.signing.sign_table."""
+    """The unsigned table for `edge`; sign it with routing.signing.sign_table.
+
+    `batch_pools`: per served model name, the tenants of its batch-tier deployments (None
+    for a shared one). Such a model's entry says `batch_pool`: whose batch-tier requests go
+    to its batch-tier replicas only (`"*"`: everyone's), never to its interactive ones; the
+    entry is there even while the pool has no replica (scaled to zero), so that the edge
+    answers those requests 503 and counts them, which is what wakes the pool."""
     models: dict[str, dict[str, Any]] = {}
+    for model, owners in (batch_pools or {}).items():
+        names = {SHARED_POOL if owner is None else owner for owner in owners}
+        if names:
+            pool = [SHARED_POOL] if SHARED_POOL in names else sorted(names)
+            models[model] = {"replicas": [], "batch_pool": pool}
     for replica in sorted(replicas, key=lambda r: (r.model, r.id)):
         if replica.state not in STATE_WEIGHT:
             continue

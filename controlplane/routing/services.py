@@ -15,10 +15,10 @@ from django.db.models import Case, F, Field, Prefetch, Q, Value, When
 from django.utils import timezone
 
 from controlplane.core.locks import advisory_lock
-from controlplane.core.models import ApiKey, Tenant
+from controlplane.core.models import ApiKey, Tenant, Tier
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import SERVING_STATES
-from controlplane.deployments.models import Replica, ReplicaState
+from controlplane.deployments.models import Deployment, Replica, ReplicaState
 from controlplane.routing import compiler, signing
 from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
 from controlplane.routing.push import PushResult, PushTarget, push_all
@@ -76,6 +76,17 @@ def replica_views() -> list[compiler.ReplicaView]:
             **revision_fields(replica),
         ))
     return views
+
+
+def batch_pools() -> dict[str, list[str | None]]:
+    """Per served model name, the tenants of its batch-tier deployments (None: shared),
+    whether or not they run a replica now: batch requests go to these alone."""
+    pools: dict[str, list[str | None]] = {}
+    rows = Deployment.objects.filter(tier=Tier.BATCH).values_list(
+        "served_model_name", "tenant__name")
+    for model, tenant in rows:
+        pools.setdefault(model, []).append(tenant)
+    return pools
 
 
 def revision_fields(replica: Replica) -> dict[str, Any]:
@@ -143,6 +154,7 @@ def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> 
     if not edges:
         return []
     replicas, keys, policy = replica_views(), key_views(), policy_view(current_policy())
+    pools = batch_pools()
     latest = {t.edge_id: t for t in _latest_tables([e.pk for e in edges])}
     version = next_version()
     issued_at = timezone.now().isoformat()
@@ -152,7 +164,7 @@ def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> 
     for edge in edges:
         table = compiler.compile_table(
             edge_view(edge), replicas, keys, policy, version=version, issued_at=issued_at,
-            key_id=kid,
+            key_id=kid, batch_pools=pools,
         )
         previous = latest.get(edge.pk)
         content = _content_hash(table)

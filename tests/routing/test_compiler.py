@@ -87,3 +87,36 @@ def test_dedicated_replicas_name_their_tenant():
     assert entry["tenant"] == "acme"
     shared = compile_for(EDGE_EU, [replica("r-4")])["models"]["llama"]["replicas"][0]
     assert "tenant" not in shared
+
+
+def test_two_deployments_of_one_served_name_share_a_pool_told_apart_by_tier():
+    """Interactive and batch-tier deployments serving the same name: one model entry, each
+    replica with its tier; without batch pools the edge may send batch work to both."""
+    table = compile_for(EDGE_EU, [replica("r-i"), replica("r-b", tier="batch")])
+    entry = table["models"]["llama"]
+    assert [(r["id"], r["tier"]) for r in entry["replicas"]] == [("r-b", "batch"),
+                                                                 ("r-i", "interactive")]
+    assert "batch_pool" not in entry
+
+
+@pytest.mark.parametrize(
+    ("owners", "expected", "why"),
+    [
+        ([None], ["*"], "a shared batch-tier deployment takes every tenant's batch work"),
+        (["globex", "acme"], ["acme", "globex"], "dedicated ones take their tenants' only"),
+        (["acme", None], ["*"], "a shared one beside a dedicated one: everyone's"),
+    ],
+)
+def test_a_batch_tier_deployment_makes_its_model_a_batch_pool(owners, expected, why):  # type: ignore[no-untyped-def]
+    table = compile_table(EDGE_EU, [replica("r-i"), replica("r-b", tier="batch")], [], POLICY,
+                          version=7, issued_at="t", key_id="k", batch_pools={"llama": owners})
+    assert table["models"]["llama"]["batch_pool"] == expected, why
+    assert len(table["models"]["llama"]["replicas"]) == 2
+
+
+def test_a_batch_pool_scaled_to_zero_is_still_in_the_table():
+    """No replica at all for the model: the entry stays, so the edge answers the batch
+    runner 503 (and counts it, which wakes the deployment) rather than 404."""
+    table = compile_table(EDGE_EU, [], [], POLICY, version=7, issued_at="t", key_id="k",
+                          batch_pools={"llama": [None], "other": []})
+    assert table["models"] == {"llama": {"replicas": [], "batch_pool": ["*"]}}

@@ -45,6 +45,20 @@ def test_publish_pushes_signed_tables_to_every_edge(fleet):  # type: ignore[no-u
         assert edge.last_acked_version == table["version"] == report.version
 
 
+def test_a_batch_tier_deployment_at_zero_makes_its_model_a_batch_pool(fleet):  # type: ignore[no-untyped-def]
+    """A batch-tier deployment of the same served name, with no replica: the tables say that
+    batch work for the model goes to it alone (for its tenant), and keep the interactive
+    deployment's replicas for interactive work."""
+    batch = make_deployment(fleet, "chat-batch")
+    batch.tier, batch.min_replicas = "batch", 0
+    batch.save()
+    assert services.batch_pools() == {"llama-3.1-8b": ["acme"]}
+    services.publish()
+    entry = fleet["endpoints"][0].received[-1]["models"]["llama-3.1-8b"]
+    assert entry["batch_pool"] == ["acme"]
+    assert [r["tier"] for r in entry["replicas"]] == ["interactive"]
+
+
 def test_unchanged_inputs_push_nothing_new(fleet):  # type: ignore[no-untyped-def]
     first = services.publish()
     second = services.publish()
