@@ -58,7 +58,7 @@ class RolloutSerializer(serializers.ModelSerializer):
                   "rollback_window_s", "waves", "current_wave", "thresholds",
                   "current_step", "weight", "from_revision", "to_revision", "reason",
                   "created_by", "ended_by", "created_at", "started_at", "ended_at",
-                  "step_rows"]
+                  "replicas_wanted", "old_retired_at", "step_rows"]
         read_only_fields = fields
 
 

@@ -54,6 +54,12 @@ class Rollout(models.Model):
     reason = models.TextField(blank=True, default="", help_text="Why it ended as it did.")
     ended_by = models.CharField(max_length=150, blank=True, default="",
                                 help_text="Who ended it: an operator, or rollouts.analysis.")
+    replicas_wanted = models.PositiveIntegerField(null=True, blank=True, help_text=(
+        "Set at promotion: how many of the new revision's replicas serve before the old "
+        "revision's are drained and retired (make-before-break)."))
+    old_retired_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When the old revision's replicas were drained after promotion (or, rolled back, "
+        "the canary's); empty while a promotion waits for the new ones to serve."))
     created_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -13,11 +13,13 @@ time.
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
@@ -33,6 +35,7 @@ from controlplane.rollouts.models import (
     RolloutStep,
     Strategy,
 )
+from controlplane.scaling.autoscaler import place_scale_up
 from controlplane.scaling.services import retire_replica
 from regions.models import GpuType, Region
 
@@ -158,6 +161,92 @@ def _stable_serving(rollout: Rollout) -> list[Replica]:
                 .select_related("region", "offer").order_by("id"))
 
 
+def _as_revision(deployment: Deployment, revision: Revision) -> Deployment:
+    """The deployment as the solver must size it for `revision`'s engine (model, TP × PP,
+    context), unsaved: residency, spread and spot rules stay the deployment's."""
+    view = copy.copy(deployment)
+    view.model = revision.model
+    view.tensor_parallel = revision.tensor_parallel
+    view.pipeline_parallel = revision.pipeline_parallel
+    view.max_model_len = int(revision.engine_args.get("max_model_len",
+                                                      deployment.max_model_len))
+    return view
+
+
+def place_revision(deployment: Deployment, revision: Revision, count: int, *, actor: str,
+                   reason: str) -> tuple[list[Replica], str]:
+    """`count` replicas of `revision`, placed as the autoscaler places a scale-up
+    (`scaling.autoscaler.place_scale_up`): the solver's cheapest plan that keeps every
+    running replica, within the allowed jurisdictions and quota, on the revision's preferred
+    GPU type (else the type running); else beside running replicas with quota left; else
+    none. Returns the replicas asked for and how they were placed (or why not)."""
+    if count <= 0:
+        return [], ""
+    active = list(Replica.objects.filter(deployment=deployment, state__in=LIVE_STATES)
+                  .exclude(state=ReplicaState.DRAINING)
+                  .select_related("region__cloud", "offer__gpu_type"))
+    preferred = revision.preferred_gpu_type
+    placement = place_scale_up(_as_revision(deployment, revision), active, count,
+                               gpu_types={preferred.name} if preferred is not None else ())
+    made: list[Replica] = []
+    for region, offer, spot, n in placement.slots:
+        made += request_replicas(deployment, region, n, actor=actor, reason=reason,
+                                 spot=spot, offer=offer, revision=revision)
+    return made, placement.how
+
+
+def _retire(replicas: Iterable[Replica], *, actor: str, reason: str) -> list[Replica]:
+    """Drain (serving) or terminate (still launching) each: the replica is out of the next
+    tables before anything is stopped (scaling.services.retire_replica)."""
+    retired = []
+    for replica in replicas:
+        if replica.state in LIVE_STATES and replica.state != ReplicaState.DRAINING:
+            retire_replica(replica, actor=actor, reason=reason)
+            retired.append(replica)
+    return retired
+
+
+def _new_fleet(rollout: Rollout) -> QuerySet[Replica]:
+    """After promotion, the new (now stable) revision's replicas that count: live, not
+    draining; unmarked ones were launched since the promotion, with its settings."""
+    return (Replica.objects.filter(deployment_id=rollout.deployment_id, state__in=LIVE_STATES)
+            .exclude(state=ReplicaState.DRAINING)
+            .filter(Q(revision=rollout.to_revision) | Q(revision__isnull=True)))
+
+
+def _old_fleet(rollout: Rollout) -> QuerySet[Replica]:
+    """After promotion, the replicas of earlier revisions still to retire."""
+    return (Replica.objects.filter(deployment_id=rollout.deployment_id, state__in=LIVE_STATES,
+                                   revision__isnull=False)
+            .exclude(state=ReplicaState.DRAINING).exclude(revision=rollout.to_revision)
+            .order_by("id"))
+
+
+def finish_promotion(rollout: Rollout, actor: str) -> tuple[list[Replica] | None,
+                                                            list[Replica], str]:
+    """Make-before-break after promotion: ask for the new revision's replicas still missing
+    from `replicas_wanted` (placed like any replica); once that many serve, drain and retire
+    the old revision's. Returns (retired, or None while waiting; replicas asked for; why it
+    waits). The caller holds the rollout's row lock."""
+    wanted = rollout.replicas_wanted or 0
+    new = _new_fleet(rollout)
+    made, how = place_revision(
+        rollout.deployment, rollout.to_revision, wanted - new.count(), actor=actor,
+        reason=f"rollout {rollout.pk} promoted: revision {rollout.to_revision.number} "
+               f"replaces the old revision's replicas")
+    serving = new.filter(state__in=SERVING_STATES).count()
+    if serving < wanted:
+        why = (f"waiting for {wanted} replicas of revision {rollout.to_revision.number} to "
+               f"serve before the old revision's are retired: {serving} serving")
+        return None, made, f"{why}; {how}" if how else why
+    retired = _retire(_old_fleet(rollout).select_related("deployment"), actor=actor,
+                      reason=f"rollout {rollout.pk} promoted revision "
+                             f"{rollout.to_revision.number}")
+    rollout.old_retired_at = timezone.now()
+    rollout.save(update_fields=["old_retired_at"])
+    return retired, made, ""
+
+
 def _grow_canary(rollout: Rollout, weight: int, actor: str) -> list[Replica]:
     """Ask for the canary replicas `weight` needs beyond those live, beside the stable
     replicas (their regions and offers in turn)."""
@@ -250,6 +339,11 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
     if current is not None:
         raise RolloutStateError(f"deployment {locked.name} already has rollout {current.pk} "
                                 f"in progress ({current.state}); finish or roll it back first")
+    retiring = _retiring().filter(deployment=locked).first()
+    if retiring is not None:
+        raise RolloutStateError(f"deployment {locked.name}'s rollout {retiring.pk} was promoted "
+                                "and its old revision's replicas are not retired yet (the new "
+                                "ones do not all serve); start the next one once they are")
     stable = stable_revision(locked)
     number = (locked.revisions.order_by("-number").values_list("number", flat=True).first()
               or 0) + 1
@@ -383,17 +477,24 @@ def promote(rollout_id: int, *, actor: str, reason: str = "") -> Rollout:
     deployment.enable_prefix_caching = bool(args.get("enable_prefix_caching",
                                                      deployment.enable_prefix_caching))
     deployment.save()
-    retired: list[Replica] = []
-    if rollout.strategy == Strategy.BLUE_GREEN:
-        # The old set has served nothing since the switch: its window is over.
-        retired = list(Replica.objects.filter(deployment=deployment, state__in=LIVE_STATES)
-                       .exclude(revision=revision))
-        for replica in retired:
-            retire_replica(replica, actor=actor,
-                           reason=f"blue/green rollout {rollout.pk} promoted")
+    # Unmarked replicas ran the old stable revision's settings: mark them so, since from
+    # now on an unmarked replica is one of the new stable revision.
+    old = Replica.objects.filter(deployment=deployment, revision__isnull=True,
+                                 state__in=LIVE_STATES)
+    old.update(revision=rollout.from_revision)
+    # As many new replicas as the old revision ran, within the deployment's bounds, serve
+    # before the old ones go (blue/green and a canary at 100% already have them).
+    rollout.deployment = deployment
+    rollout.replicas_wanted = max(deployment.min_replicas,
+                                  min(deployment.max_replicas, _old_fleet(rollout).count()))
+    rollout.save(update_fields=["replicas_wanted"])
+    retired, made, why = finish_promotion(rollout, actor)
     record_audit(actor, "rollout.promoted", rollout, reason=reason, changes={
         "stable_revision": [rollout.from_revision.number, revision.number],
-        **({"retired": [r.public_id for r in retired]} if retired else {})})
+        "replicas_wanted": rollout.replicas_wanted,
+        "requested": [r.public_id for r in made],
+        **({"retired": [r.public_id for r in retired]} if retired is not None
+           else {"waiting": why})})
     return rollout
 
 
@@ -411,10 +512,11 @@ def roll_back(rollout_id: int, *, actor: str, reason: str = "",
     rollout.ended_by = actor
     rollout.save(update_fields=["state", "ended_at", "reason", "ended_by"])
     _set_split(rollout, rollout.deployment_id, None, 0)
-    canaries = list(Replica.objects.filter(revision=rollout.to_revision,
-                                           state__in=LIVE_STATES))
-    for replica in canaries:
-        retire_replica(replica, actor=actor, reason=f"rollout {rollout.pk} rolled back")
+    canaries = _retire(Replica.objects.filter(revision=rollout.to_revision,
+                                              state__in=LIVE_STATES).order_by("id"),
+                       actor=actor, reason=f"rollout {rollout.pk} rolled back")
+    rollout.old_retired_at = timezone.now()
+    rollout.save(update_fields=["old_retired_at"])
     record_audit(actor, "rollout.rolled_back", rollout, reason=reason, changes={
         "weight": 0, "retired": [r.public_id for r in canaries],
         **({"analysis": figures} if figures is not None else {})})
@@ -474,6 +576,33 @@ def _extend_or_hold(rollout_id: int, step_id: int, why: str, figures: dict[str, 
     return "held"
 
 
+def _retiring() -> QuerySet[Rollout]:
+    """Promoted rollouts whose old revision's replicas are not retired yet."""
+    return Rollout.objects.filter(state=S.PROMOTED, replicas_wanted__isnull=False,
+                                  old_retired_at__isnull=True)
+
+
+@transaction.atomic
+def _finish_retiring(rollout_id: int) -> str:
+    """A promotion waiting for its new replicas: ask again for what failed; once they
+    serve, the old revision's replicas drained (a `rollout.old_retired` audit event)."""
+    rollout = _locked(rollout_id)
+    if rollout.old_retired_at is not None:
+        return "moved"
+    retired, made, why = finish_promotion(rollout, ANALYST)
+    if retired is None:
+        if made:
+            record_audit(ANALYST, "rollout.replicas_requested", rollout, reason=why,
+                         changes={"requested": [r.public_id for r in made]})
+        return "retiring"
+    record_audit(ANALYST, "rollout.old_retired", rollout,
+                 reason=f"{rollout.replicas_wanted} replicas of revision "
+                        f"{rollout.to_revision.number} serve",
+                 changes={"retired": [r.public_id for r in retired],
+                          "requested": [r.public_id for r in made]})
+    return "retired_old"
+
+
 def check(now: Any = None) -> dict[str, str]:
     """Put each running rollout's step live once its canary replicas serve; judge each whose
     live step has baked (its bake time once, and once more per extension): fail → rolled back, pass → the next step (the last one waits
@@ -481,6 +610,8 @@ def check(now: Any = None) -> dict[str, str]:
     Returns {rollout id: what was done}."""
     now = now or timezone.now()
     done: dict[str, str] = {}
+    for rollout_id in _retiring().values_list("pk", flat=True):
+        done[str(rollout_id)] = _finish_retiring(rollout_id)
     running = Rollout.objects.filter(state=S.RUNNING).select_related(
         "deployment", "from_revision", "to_revision")
     for rollout in running:
