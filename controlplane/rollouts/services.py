@@ -3,8 +3,11 @@
 The traffic split lives on the deployment (`canary_revision`, `canary_weight`), which the
 routing compiler turns into revision weights in every edge's table; the edge keeps each
 conversation on one revision and counts its requests by revision. Make-before-break: a step
-first asks for the canary replicas its weight needs (`canary_target`), and its weight goes
-into the tables only once they serve (`ready_at`). A running rollout's step, once baked, is judged by `analysis` against the rollout's thresholds (`check`, every 10 s):
+first asks for the canary replicas its weight needs (`canary_target`), placed like any
+replica (`place_revision`), and its weight goes into the tables only once they serve
+(`ready_at`); promotion brings the new revision up to the old one's count before the old
+replicas are retired (`finish_promotion`). A running rollout's step, once baked, is judged
+by `analysis` against the rollout's thresholds (`check`, every 2 s):
 a failure rolls back at once, a pass moves to the next step, too little traffic extends the
 step (a bounded number of times, then holds the rollout paused); the last step waits for an
 operator's promote, and an operator may advance, pause, resume, promote or roll back at any
@@ -247,21 +250,15 @@ def finish_promotion(rollout: Rollout, actor: str) -> tuple[list[Replica] | None
     return retired, made, ""
 
 
-def _grow_canary(rollout: Rollout, weight: int, actor: str) -> list[Replica]:
-    """Ask for the canary replicas `weight` needs beyond those live, beside the stable
-    replicas (their regions and offers in turn)."""
-    stable = _stable_serving(rollout)
+def _grow_canary(rollout: Rollout, weight: int, actor: str) -> tuple[list[Replica], str]:
+    """Ask for the canary replicas `weight` needs beyond those live, placed like any
+    replica (`place_revision`: the solver, residency, quota, the revision's preferred GPU
+    type). Returns them and, when fewer could be placed than were missing, why."""
     live = Replica.objects.filter(revision=rollout.to_revision, state__in=LIVE_STATES).count()
-    missing = canary_target(weight, len(stable)) - live
-    made: list[Replica] = []
-    for i in range(max(0, missing)):
-        if not stable:
-            break
-        beside = stable[(live + i) % len(stable)]
-        made += request_replicas(rollout.deployment, beside.region, 1, actor=actor,
-                                 reason=f"canary of rollout {rollout.pk} at {weight}%",
-                                 offer=beside.offer, revision=rollout.to_revision)
-    return made
+    missing = canary_target(weight, len(_stable_serving(rollout))) - live
+    made, how = place_revision(rollout.deployment, rollout.to_revision, missing, actor=actor,
+                               reason=f"canary of rollout {rollout.pk} at {weight}%")
+    return made, how if len(made) < missing else ""
 
 
 def _go_live_if_ready(rollout: Rollout, step: RolloutStep) -> bool:
@@ -279,8 +276,9 @@ def _go_live_if_ready(rollout: Rollout, step: RolloutStep) -> bool:
     return True
 
 
-def _waiting_why(rollout: Rollout, step: RolloutStep) -> str:
-    """Why a step is not live yet: its canary replicas, and the last launch failure."""
+def _waiting_why(rollout: Rollout, step: RolloutStep, unplaced: str = "") -> str:
+    """Why a step is not live yet: its canary replicas, why the missing ones could not be
+    placed (quota, residency), and the last launch failure."""
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     serving = canaries.filter(state__in=SERVING_STATES).count()
     launching = canaries.filter(state__in=LIVE_STATES).exclude(
@@ -290,6 +288,8 @@ def _waiting_why(rollout: Rollout, step: RolloutStep) -> str:
            f"{step.weight}%: {serving} serving, {launching} launching")
     failed = (canaries.filter(state=ReplicaState.FAILED).exclude(last_error="")
               .order_by("-state_changed_at", "-id").first())
+    if unplaced:
+        why += f"; not placed: {unplaced[:300]}"
     if failed is not None:
         why += f"; the last launch failed: {failed.last_error[:200]}"
     return why
@@ -301,8 +301,10 @@ def _open_step(rollout: Rollout, actor: str) -> tuple[RolloutStep, list[Replica]
     step = RolloutStep.objects.create(rollout=rollout, wave=rollout.current_wave,
                                       step=rollout.current_step,
                                       weight=rollout.steps[rollout.current_step])
-    made = _grow_canary(rollout, _capacity_weight(rollout, step), actor)
-    _go_live_if_ready(rollout, step)
+    made, unplaced = _grow_canary(rollout, _capacity_weight(rollout, step), actor)
+    if not _go_live_if_ready(rollout, step):
+        step.analysis = {"verdict": "waiting", "why": _waiting_why(rollout, step, unplaced)}
+        step.save(update_fields=["analysis"])
     return step, made
 
 
@@ -622,12 +624,13 @@ def check(now: Any = None) -> dict[str, str]:
             continue
         if step.ready_at is None:
             with transaction.atomic():
-                # replaces a failed launch
-                _grow_canary(rollout, _capacity_weight(rollout, step), ANALYST)
+                # replaces a failed launch, places what found no room before
+                _, unplaced = _grow_canary(rollout, _capacity_weight(rollout, step), ANALYST)
                 if _go_live_if_ready(rollout, step):
                     done[str(rollout.pk)] = "live"
                 else:
-                    waiting = {"verdict": "waiting", "why": _waiting_why(rollout, step)}
+                    waiting = {"verdict": "waiting",
+                               "why": _waiting_why(rollout, step, unplaced)}
                     if step.analysis != waiting:
                         RolloutStep.objects.filter(pk=step.pk).update(analysis=waiting)
             continue
