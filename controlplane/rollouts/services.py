@@ -16,7 +16,6 @@ time.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from controlplane.rollouts.models import (
     RolloutStep,
     Strategy,
 )
-from controlplane.scaling.autoscaler import place_scale_up
+from controlplane.scaling.autoscaler import place_scale_up, sized_for
 from controlplane.scaling.services import retire_replica
 from regions.models import GpuType, Region
 
@@ -164,18 +163,6 @@ def _stable_serving(rollout: Rollout) -> list[Replica]:
                 .select_related("region", "offer").order_by("id"))
 
 
-def _as_revision(deployment: Deployment, revision: Revision) -> Deployment:
-    """The deployment as the solver must size it for `revision`'s engine (model, TP × PP,
-    context), unsaved: residency, spread and spot rules stay the deployment's."""
-    view = copy.copy(deployment)
-    view.model = revision.model
-    view.tensor_parallel = revision.tensor_parallel
-    view.pipeline_parallel = revision.pipeline_parallel
-    view.max_model_len = int(revision.engine_args.get("max_model_len",
-                                                      deployment.max_model_len))
-    return view
-
-
 def place_revision(deployment: Deployment, revision: Revision, count: int, *, actor: str,
                    reason: str) -> tuple[list[Replica], str]:
     """`count` replicas of `revision`, placed as the autoscaler places a scale-up
@@ -189,7 +176,7 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
                   .exclude(state=ReplicaState.DRAINING)
                   .select_related("region__cloud", "offer__gpu_type"))
     preferred = revision.preferred_gpu_type
-    placement = place_scale_up(_as_revision(deployment, revision), active, count,
+    placement = place_scale_up(sized_for(deployment, revision), active, count,
                                gpu_types={preferred.name} if preferred is not None else ())
     made: list[Replica] = []
     for region, offer, spot, n in placement.slots:

@@ -16,9 +16,10 @@ retire_replica), keeping the deployment spread over its regions.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -32,7 +33,7 @@ from django.utils import timezone
 from controlplane.core.services import record_audit
 from controlplane.costs.services import usd_h_for
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
-from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.placement.models import PlanChange
@@ -272,19 +273,40 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
         signals = dict(decision.signals)
         reason = decision.reason
         placed: list[str] = []
+        canary = deployment.canary_revision if deployment.canary_revision_id else None
         if decision.direction == UP:
-            placement = place_scale_up(deployment, active, decision.after - decision.before)
-            for region_key, replicas in placement.request(deployment, reason):
-                placed.extend([region_key] * len(replicas))
-                signals.setdefault("requested", []).extend(r.public_id for r in replicas)
-            signals["placement"] = placement.how
+            add = decision.after - decision.before
+            # During a rollout each revision gets its share of the new replicas.
+            shares: list[tuple[Revision | None, int]] = [(None, add)]
+            if canary is not None:
+                stable_n, canary_n = policy.split_scale_up(add, policy.canary_share(
+                    deployment.canary_weight, deployment.canary_region_weights))
+                shares = [(None, stable_n), (canary, canary_n)]
+                signals["revisions"] = {"stable": stable_n, f"canary {canary.number}": canary_n}
+            hows = []
+            for revision, n in shares:
+                if n <= 0:
+                    continue
+                placement = (place_scale_up(deployment, active, n) if revision is None else
+                             place_scale_up(sized_for(deployment, revision), active, n,
+                                            gpu_types=_preferred(revision)))
+                for region_key, replicas in placement.request(deployment, reason, revision):
+                    placed.extend([region_key] * len(replicas))
+                    signals.setdefault("requested", []).extend(r.public_id for r in replicas)
+                    active = [*active, *replicas]  # the next share sees their quota used
+                hows.append(placement.how)
+            signals["placement"] = "; ".join(hows)
             after = decision.before + len(placed)
-            if len(placed) < decision.after - decision.before:
+            if len(placed) < add:
                 reason = (f"{reason}; wanted {decision.after}, placed {len(placed)}: "
-                          f"{placement.how}")
+                          f"{signals['placement']}")
         else:
+            # During a rollout no revision loses its last serving replica.
+            revision_of = ({r.pk: r.revision_id or deployment.stable_revision_id
+                            for r in active} if canary is not None else None)
             retired = choose_retirements(active, decision.before - decision.after,
-                                         snap.load, deployment.spread_regions, decision.after)
+                                         snap.load, deployment.spread_regions, decision.after,
+                                         revision_of=revision_of)
             for replica in retired:
                 retire_replica(replica, actor=ACTOR, reason=f"autoscaler: {reason}")
             signals["retired"] = [r.public_id for r in retired]
@@ -338,11 +360,13 @@ class Placement:
     slots: list[tuple[Any, Any, bool, int]]  # (region, offer, spot, count)
     how: str
 
-    def request(self, deployment: Deployment, reason: str) -> list[tuple[str, list[Replica]]]:
+    def request(self, deployment: Deployment, reason: str,
+                revision: Revision | None = None) -> list[tuple[str, list[Replica]]]:
         made = []
         for region, offer, spot, count in self.slots:
             replicas = request_replicas(deployment, region, count, actor=ACTOR,
-                                        reason=f"autoscaler: {reason}", spot=spot, offer=offer)
+                                        reason=f"autoscaler: {reason}", spot=spot, offer=offer,
+                                        revision=revision)
             made.append((region.key, replicas))
         return made
 
@@ -369,6 +393,23 @@ def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int,
               or (r.offer is not None and r.offer.gpu_type.name in gpu_types)]
     return _beside_running(deployment, beside, add, quota_left([deployment.pk]),
                            f"solver found no plan ({why})")
+
+
+def sized_for(deployment: Deployment, revision: Revision) -> Deployment:
+    """The deployment as the solver must size it for `revision`'s engine (model, TP × PP,
+    context), unsaved: residency, spread and spot rules stay the deployment's."""
+    view = copy.copy(deployment)
+    view.model = revision.model
+    view.tensor_parallel = revision.tensor_parallel
+    view.pipeline_parallel = revision.pipeline_parallel
+    view.max_model_len = int(revision.engine_args.get("max_model_len",
+                                                      deployment.max_model_len))
+    return view
+
+
+def _preferred(revision: Revision) -> set[str]:
+    gpu = revision.preferred_gpu_type
+    return {gpu.name} if gpu is not None else set()
 
 
 def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[str]:
@@ -425,13 +466,19 @@ def _usd_h(replica: Replica) -> Decimal:
 
 
 def choose_retirements(active: Sequence[Replica], k: int, load: Mapping[int, float],
-                       spread_regions: int, after: int) -> list[Replica]:
+                       spread_regions: int, after: int,
+                       revision_of: Mapping[int, Hashable] | None = None) -> list[Replica]:
     """The `k` replicas to drain: not yet serving first, then the least loaded, then the most
     expensive, newest first; none whose loss would leave fewer regions than the spread asks
-    (unless no replica is left at all). Pure apart from reading loaded rows."""
+    (unless no replica is left at all); with `revision_of` (a rollout in progress: replica
+    → revision), none that is its revision's last serving replica. Pure apart from reading
+    loaded rows."""
     order = sorted(active, key=lambda r: (
         r.state in SERVING_STATES, load.get(r.pk, 0.0), -_usd_h(r), -r.created_at.timestamp()))
     regions = Counter(r.region_id for r in active)
+    serving_left: Counter[Hashable] = Counter(
+        revision_of[r.pk] for r in active
+        if revision_of is not None and r.state in SERVING_STATES)
     need_regions = min(spread_regions, after) if after > 0 else 0
     chosen: list[Replica] = []
     for r in order:
@@ -440,6 +487,12 @@ def choose_retirements(active: Sequence[Replica], k: int, load: Mapping[int, flo
         leaves_region = regions[r.region_id] == 1
         if leaves_region and len([n for n in regions.values() if n > 0]) - 1 < need_regions:
             continue
+        serving = r.state in SERVING_STATES
+        if revision_of is not None:
+            if not policy.keeps_each_revision(revision_of[r.pk], serving, serving_left):
+                continue
+            if serving:
+                serving_left[revision_of[r.pk]] -= 1
         regions[r.region_id] -= 1
         chosen.append(r)
     return chosen

@@ -23,7 +23,7 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,3 +342,29 @@ def _signals(s: Settings, fleet: Fleet, latest: Round | None, unserved: float) -
             ttft_p95_ms=None if latest.ttft_p95_s is None else round(latest.ttft_p95_s * 1000, 1),
         )
     return out
+
+
+# -- during a rollout (the deployment split between its stable and canary revisions) -------
+
+def split_scale_up(add: int, canary_weight: float) -> tuple[int, int]:
+    """(stable, canary): how many of `add` new replicas run each revision while a rollout
+    is in progress, in proportion to the canary's share (%) of the traffic; the rounding
+    goes to the stable revision, so one replica added at 50% is a stable one."""
+    share = min(max(canary_weight, 0.0), 100.0)
+    canary = math.floor(add * share / 100.0 + 1e-9)
+    return add - canary, canary
+
+
+def canary_share(canary_weight: float, region_weights: Mapping[str, float]) -> float:
+    """The canary's share of the deployment's traffic: its weight, or, for a rollout in
+    waves (weights by edge region), the mean over the regions it has reached."""
+    if region_weights:
+        return sum(region_weights.values()) / len(region_weights)
+    return canary_weight
+
+
+def keeps_each_revision(revision: Hashable, serving: bool,
+                        serving_left: Mapping[Hashable, int]) -> bool:
+    """Whether a replica of `revision` may go during a rollout: not the last serving one of
+    its revision (the canary would lose its only replica, or the stable its last)."""
+    return not serving or serving_left.get(revision, 0) > 1
