@@ -48,7 +48,7 @@ from controlplane.batches.models import (
     LineState,
 )
 from controlplane.batches.runner_key import ensure_runner_key, revoke_runner_key
-from controlplane.core.models import Tenant
+from controlplane.core.models import Tenant, Tier
 from controlplane.core.status import redis_client
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
 from controlplane.routing.models import Edge
@@ -330,15 +330,34 @@ class Outcome:
     def retryable(self) -> bool:
         return self.status is None or self.status == 429 or self.status >= 500
 
+    @property
+    def no_replica(self) -> bool:
+        """The edge's 503 for a model with no replica serving (a batch pool scaled to zero,
+        or one still starting): not an attempt, the line waits for the pool to wake."""
+        if self.status != 503 or not isinstance(self.body, dict):
+            return False
+        error = self.body.get("error")
+        return isinstance(error, dict) and error.get("code") == NO_REPLICA_CODE
 
-def eligible_replicas(batch: Batch) -> list[Replica]:
+
+def has_batch_pool(batch: Batch) -> bool:
+    """Whether the batch's model has a batch-tier deployment the tenant may use (shared or
+    its own): then its lines go to that deployment's replicas alone, as the edges' tables
+    say (`batch_pool`), and while it has none they wake it."""
+    return _usable_deployments(batch.tenant, batch.model).filter(tier=Tier.BATCH).exists()
+
+
+def eligible_replicas(batch: Batch, pool: bool = False) -> list[Replica]:
     """Ready replicas of the batch's model the tenant may use: shared or its own
-    deployments, inside its jurisdictions (and its regions, where it names any)."""
+    deployments, inside its jurisdictions (and its regions, where it names any); with
+    `pool`, those of its batch-tier deployments only."""
     tenant = batch.tenant
     rows = Replica.objects.filter(
         state=ReplicaState.READY, deployment__served_model_name=batch.model,
         region__jurisdiction__in=tenant.allowed_jurisdictions.all(),
     ).filter(Q(deployment__tenant__isnull=True) | Q(deployment__tenant=tenant)).exclude(url="")
+    if pool:
+        rows = rows.filter(deployment__tier=Tier.BATCH)
     if tenant.allowed_regions.exists():
         rows = rows.filter(region__in=tenant.allowed_regions.all())
     return list(rows)
@@ -346,6 +365,14 @@ def eligible_replicas(batch: Batch) -> list[Replica]:
 
 # How soon a batch looks again at an edge that could not take its lines.
 EDGE_RECHECK_S = 1.0
+# The edge's error code when no replica of a model serves (edge.errors.NO_PICK).
+NO_REPLICA_CODE = "no_replicas"
+
+
+def wake_recheck_s() -> float:
+    """How soon a line the edge answered "no replica" is sent again: while a batch pool
+    wakes, one send this often keeps the edges counting the demand that wakes it."""
+    return float(_setting("BATCH_WAKE_RECHECK_S", 2.0))
 
 
 def batch_edge_url() -> str | None:
@@ -445,6 +472,16 @@ def record(line: BatchLine, worker: str, outcome: Outcome) -> bool:
         return unfinished.update(state=LineState.DONE, response_status=outcome.status,
                                  request_id=outcome.request_id, result=outcome.body,
                                  error=None, finished_at=now) == 1
+    if outcome.no_replica:
+        # The model's replicas are waking (scaled to zero, starting): not an attempt. The
+        # line goes back unclaimed for a while; the batch's window still bounds the wait.
+        return unfinished.update(
+            state=LineState.QUEUED, worker="", attempts=F("attempts") - 1,
+            next_attempt_at=now + timedelta(seconds=wake_recheck_s()),
+            response_status=outcome.status,
+            error={"code": NO_REPLICA_CODE,
+                   "message": "no replica of the model was serving; sent again once one "
+                              "is (not counted as an attempt)"}) == 1
     if outcome.retryable and line.attempts < max_attempts:
         return unfinished.update(
             state=LineState.QUEUED, worker="",
@@ -556,6 +593,7 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
     state = load_concurrency(batch.pk)
     route = edge_route(batch)
     route_checked = False
+    pooled = has_batch_pool(batch)
     # The replicas' load is read every few seconds (telemetry is sampled no faster); each
     # round's answers count every round.
     pressure_every_s = float(_setting("BATCH_PRESSURE_EVERY_S", 5.0))
@@ -573,8 +611,12 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
         if timezone.now() >= batch.expires_at:
             finalize(batch.pk, BatchStatus.EXPIRED)
             return None
-        replicas = eligible_replicas(batch)
-        if not replicas:
+        replicas = eligible_replicas(batch, pooled)
+        # A batch pool with no replica (scaled to zero) is woken by the edge: it counts the
+        # requests it could not route, and the autoscaler brings the pool up on them. So
+        # one line at a time is sent, and its "no replica" answer is not an attempt.
+        waking = not replicas and pooled and route is not None
+        if not replicas and not waking:
             # Nothing to send to (a region down, replicas still starting): no line is
             # claimed and no attempt spent; the batch waits, until its window ends.
             wait = _idle(batch)
@@ -591,9 +633,10 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
             # Before the batch's first send: the replicas' TTFT without it is the baseline
             # a rise is measured against.
             state = {"n": int(_setting("BATCH_CHUNK", 8)),
-                     "ttft_baseline_s": replica_pressure(replicas, 0, 0, None).ttft_p95_s}
+                     "ttft_baseline_s": (replica_pressure(replicas, 0, 0, None).ttft_p95_s
+                                         if replicas else None)}
             save_concurrency(batch.pk, state)
-        lines = claim(batch, worker, state["n"])
+        lines = claim(batch, worker, 1 if waking else state["n"])
         if not lines:
             return _idle(batch)
 
@@ -615,10 +658,13 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
                 outcome = done.result()
                 record(sends[done], worker, outcome)
                 outcomes.append(outcome)
-        refused = sum(1 for o in outcomes if o.status in (429, 503))
+        if waking and all(o.no_replica for o in outcomes):
+            return wake_recheck_s()  # still waking: come back, holding the rest unclaimed
+        # "No replica" is not capacity: the pool is waking, the concurrency stays.
+        refused = sum(1 for o in outcomes if o.status in (429, 503) and not o.no_replica)
         if route is not None and any(o.status is None for o in outcomes):
             route_checked = False  # no answer: is the edge still there?
-        if time.monotonic() - pressure_at >= pressure_every_s:
+        if replicas and time.monotonic() - pressure_at >= pressure_every_s:
             pressure_at = time.monotonic()
             pressure = replica_pressure(replicas, len(lines), refused,
                                         state["ttft_baseline_s"])
