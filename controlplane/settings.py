@@ -173,6 +173,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 
 # Where batch workers send a batch's lines: an edge's public URL, at batch tier. Unset: the
 # first enabled edge in the registry; no edge at all: straight to the replicas.
+# How long a deployment's load must stay low before the autoscaler scales it down (the
+# batch tier with min_replicas 0: idle this long, to zero).
+SCALE_DOWN_WINDOW_S = env_float("MERIDIAN_SCALE_DOWN_WINDOW_S", 60.0, above=0)
 BATCH_EDGE_URL = env_url("MERIDIAN_BATCH_EDGE_URL")
 # A line's request gives up after BATCH_REQUEST_TIMEOUT_S; a line claimed longer ago than
 # BATCH_LEASE_S belongs to a worker that died and is claimed again, so the lease must be the
