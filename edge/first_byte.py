@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 
+from edge.background import stop_task
 from edge.proxy import Exchange
 from edge.upstream import UpstreamError, UpstreamPool
 
@@ -86,13 +87,8 @@ class FirstByteWatch:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="first-byte")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

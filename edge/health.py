@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from edge.background import stop_task
 from edge.table import Policy, Replica
 
 log = logging.getLogger("meridian.edge.health")
@@ -141,13 +142,8 @@ class Prober:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="edge-prober")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def probe_all(self) -> None:
         seen: dict[str, Replica] = {}

@@ -14,6 +14,7 @@ import random
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from edge.background import stop_task
 from edge.table import parse_origin
 from edge.upstream import UpstreamError
 
@@ -40,13 +41,8 @@ class TablePuller:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="edge-pull")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def pull_once(self) -> str:
         """One poll; returns "updated", "unchanged", or "refused: …" (raises on no answer)."""
