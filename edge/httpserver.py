@@ -41,6 +41,9 @@ log = logging.getLogger("meridian.edge.http")
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PIPELINED = 16
+# The methods clients send, as the strings a Request carries, so that a request's method is
+# not decoded anew each time.
+METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 INTERNAL_ERROR = (b'{"error":{"message":"internal error","type":"server_error","param":null,'
                   b'"code":"internal_error"}}')
 
@@ -185,6 +188,8 @@ class HttpConnection(asyncio.Protocol):
         self.peer = ""
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
+        self._path = ""  # the URL's path and query, read once its head is in
+        self._query = ""
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0  # bytes read of the current request's head
         self._in_body = False
@@ -277,14 +282,20 @@ class HttpConnection(asyncio.Protocol):
         self._in_body = True
         if self._rejected:
             return
+        # The path is read once here, for the streamed check and for the request itself.
+        url = self._url
+        qmark = url.find(b"?")
+        if qmark < 0:
+            self._path, self._query = url.decode("utf-8", "replace"), ""
+        else:
+            self._path = url[:qmark].decode("utf-8", "replace")
+            self._query = url[qmark + 1:].decode("utf-8", "replace")
         streamed = self.server.streamed
         limit = self.max_body
-        if streamed is not None and not self._busy and not self._pending:
-            qmark = self._url.find(b"?")
-            if streamed((self._url if qmark < 0 else self._url[:qmark]).decode("utf-8",
-                                                                               "replace")):
-                limit = self.server.max_streamed_body
-                self._stream = BodyStream(self)
+        if streamed is not None and not self._busy and not self._pending \
+                and streamed(self._path):
+            limit = self.server.max_streamed_body
+            self._stream = BodyStream(self)
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             self._stream = None
@@ -344,13 +355,10 @@ class HttpConnection(asyncio.Protocol):
 
     def _request(self, body: bytes, stream: BodyStream | None) -> Request:
         parser = self._parser
-        url = self._url
-        qmark = url.find(b"?")
-        path, query = (url, b"") if qmark < 0 else (url[:qmark], url[qmark + 1:])
+        method = parser.get_method()
         return Request(
-            parser.get_method().decode(), path.decode("utf-8", "replace"),
-            query.decode("utf-8", "replace"), self._headers, body,
-            parser.should_keep_alive(), time.perf_counter(), self.peer, stream,
+            METHODS.get(method) or method.decode(), self._path, self._query, self._headers,
+            body, parser.should_keep_alive(), time.perf_counter(), self.peer, stream,
         )
 
     # --- request dispatch ---------------------------------------------------------------

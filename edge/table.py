@@ -138,10 +138,9 @@ class Origin:
     port: int
     base_path: bytes  # prefix for request paths, e.g. b"" or b"/engine-3"
     host_header: bytes  # the Host header value
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.scheme, self.host, self.port)
+    # (scheme, host, port): what the pool files idle connections under, made once here
+    # rather than as a new tuple on every take and release.
+    key: tuple[str, str, int]
 
 
 def parse_origin(url: str, where: str = "url") -> Origin:
@@ -156,7 +155,7 @@ def parse_origin(url: str, where: str = "url") -> Origin:
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     host_header = host if port == default else f"{host}:{port}"
     return Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/").encode(),
-                  host_header.encode())
+                  host_header.encode(), (parts.scheme, parts.hostname, port))
 
 
 @dataclass(frozen=True, slots=True)

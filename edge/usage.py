@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
-import re
-
 import orjson
 
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 USAGE_WINDOW_BYTES = 1024  # a usage object's counts come within its first bytes
+USAGE_KEY = b'"usage"'
+PROMPT_KEY = b'"prompt_tokens"'
+COMPLETION_KEY = b'"completion_tokens"'
+# What `\s` matches in a bytes regex (JSON's own whitespace is four of these).
+SPACE = frozenset(b" \t\n\r\f\v")
+DIGITS = frozenset(b"0123456789")
+
+
+def skip_space(data: bytes, at: int, end: int) -> int:
+    while at < end and data[at] in SPACE:
+        at += 1
+    return at
+
+
+def after_colon(data: bytes, at: int, end: int) -> int:
+    """Where a value starts after the key ending at `at` (past spaces, a colon, spaces), or -1."""
+    at = skip_space(data, at, end)
+    if at >= end or data[at] != 58:  # ':'
+        return -1
+    return skip_space(data, at + 1, end)
+
+
+def count_after(data: bytes, key: bytes, start: int, end: int) -> int:
+    """The first `key: <digits>` within data[start:end], as a number; -1 if none."""
+    while True:
+        at = data.find(key, start, end)
+        if at < 0:
+            return -1
+        value = after_colon(data, at + len(key), end)
+        if value >= 0:
+            stop = value
+            while stop < end and data[stop] in DIGITS:
+                stop += 1
+            if stop > value:
+                return int(data[value:stop])
+        start = at + 1
 
 
 def reported_usage(tail: bytes) -> tuple[int, int] | None:
@@ -20,22 +51,24 @@ def reported_usage(tail: bytes) -> tuple[int, int] | None:
     cost more than the rest of the response path: the last `"usage"` that is a key with an
     object value (inside a string it would be escaped, and as a value — a token's text in
     `prompt_logprobs` — it is not followed by a colon), then its counts within that object's
-    first bytes."""
+    first bytes. Plain `bytes.find` and a scan, no regular expressions: this runs on every
+    answer, and three regex searches were 5% of the edge's time per request."""
     end = len(tail)
     while True:
-        at = tail.rfind(b'"usage"', 0, end)
+        at = tail.rfind(USAGE_KEY, 0, end)
         if at < 0:
             return None
-        key = _USAGE_OBJECT.match(tail, at)
-        if key is not None:
+        value = after_colon(tail, at + len(USAGE_KEY), len(tail))
+        if value >= 0 and value < len(tail) and tail[value] == 123:  # '{'
             break
         end = at
-    window = key.end() + USAGE_WINDOW_BYTES
-    prompt = _PROMPT_TOKENS.search(tail, key.end(), window)
-    completion = _COMPLETION_TOKENS.search(tail, key.end(), window)
-    if prompt is None or completion is None:
+    start = value + 1
+    window = min(len(tail), start + USAGE_WINDOW_BYTES)
+    prompt = count_after(tail, PROMPT_KEY, start, window)
+    completion = count_after(tail, COMPLETION_KEY, start, window)
+    if prompt < 0 or completion < 0:
         return None
-    return int(prompt.group(1)), int(completion.group(1))
+    return prompt, completion
 
 
 def parsed_usage(answer: bytes) -> tuple[int, int] | None:
