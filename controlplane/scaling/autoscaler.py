@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import transaction
 from django.db.models import Count, Max
 from django.db.models.functions import Coalesce
@@ -202,7 +203,7 @@ def snapshots(now: datetime | None = None) -> list[Snapshot]:
     recent_s = policy.UP_WINDOW_S + 3 * SCRAPE_INTERVAL_S
     recent_from = now - timedelta(seconds=recent_s)
     rows = _sample_rows(list(owner), recent_from, None, with_ttft=True)
-    settings = {d.pk: Settings.of(d) for d in deployments}
+    settings = {d.pk: settings_of(d) for d in deployments}
     long_ids = [pk for pk, d_id in serving
                 if _may_scale_down(settings[d_id], fleets[d_id], histories[d_id], now)]
     if long_ids:
@@ -227,6 +228,13 @@ def snapshots(now: datetime | None = None) -> list[Snapshot]:
     return out
 
 
+def settings_of(deployment: Deployment) -> Settings:
+    """The deployment's autoscaling settings, with the scale-down window of the project's
+    settings (SCALE_DOWN_WINDOW_S)."""
+    return Settings.of(deployment, down_window_s=float(
+        getattr(django_settings, "SCALE_DOWN_WINDOW_S", policy.DOWN_WINDOW_S)))
+
+
 def _may_scale_down(s: Settings, fleet: Fleet, history: History, now: datetime) -> bool:
     last = history.last_at
     return (fleet.count > s.floor and not fleet.starting
@@ -247,7 +255,7 @@ def run(now: datetime | None = None) -> list[Outcome]:
     now = now or timezone.now()
     outcomes = []
     for snap in snapshots(now):
-        decision = policy.decide(Settings.of(snap.deployment), snap.fleet, snap.rounds,
+        decision = policy.decide(settings_of(snap.deployment), snap.fleet, snap.rounds,
                                  snap.history, now.timestamp(), snap.unserved)
         outcome = Outcome(snap.deployment.name, decision)
         if decision.acts:

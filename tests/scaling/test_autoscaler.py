@@ -279,3 +279,16 @@ def test_a_tick_reads_the_same_few_queries_for_one_deployment_or_many(catalog): 
         d = make_deployment(catalog, name=f"d{i}", scale_down_cooldown_s=60)
         store_rounds(ready_replicas(d, catalog["fra"], 2, catalog["h100"]), 70, running=15)
     assert tick_queries() == one <= 8
+
+
+def test_the_idle_window_before_a_scale_down_comes_from_settings(catalog, settings):  # type: ignore[no-untyped-def]
+    d = make_deployment(catalog, name="nightly", tier=Tier.BATCH, min_replicas=0,
+                        scale_down_cooldown_s=0)
+    [replica] = ready_replicas(d, catalog["fra"], 1, catalog["h100"])
+    store_rounds([replica], 10, running=0, waiting=0, kv_usage=0.0)
+    [held] = autoscaler.run()
+    assert held.decision.direction is None   # idle 10 s of the default 60
+    settings.SCALE_DOWN_WINDOW_S = 8.0
+    [outcome] = autoscaler.run()
+    assert (outcome.recorded.direction, outcome.recorded.replicas_after) == ("down", 0)
+    assert "batch tier scales to zero" in outcome.recorded.reason
