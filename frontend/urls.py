@@ -39,6 +39,7 @@ urlpatterns = [
     path("plans/<int:pk>/", plans.plan_detail, name="plan"),
     path("plans/<int:pk>/<str:step>/", plans.review, name="plan-review"),
     path("rollouts/", rollouts.rollout_list, name="rollouts"),
+    path("rollouts/start/", rollouts.start, name="rollout-start"),
     path("rollouts/<int:pk>/", rollouts.rollout_detail, name="rollout"),
     path("rollouts/<int:pk>/<str:action>/", rollouts.act, name="rollout-act"),
     path("routing/", routing.routing, name="routing"),
