@@ -15,7 +15,8 @@ far) through the Frankfurt edge while two rollouts of the demo deployment run:
    analysis rolls it back.
 
 Reported: `good_promoted`, `good_failed_requests` (requests of the good phase that did not
-answer 200 with a whole stream), `bad_rolled_back`, `s_to_rollback` (from the bad step's
+answer 200 with a whole stream), `good_old_replicas_after` (the states, at the end, of the
+old revision's replicas the promotion retired: terminated), `bad_rolled_back`, `s_to_rollback` (from the bad step's
 start, its rollout's creation, to the rollback; it includes the canary replica's start) and
 `s_fault_to_rollback` (from the first request the bad canary served), `s_rollback_to_alert` (to the
 `rollout_rolled_back` alert, evaluated every 10 s), `bad_canary_replicas_after` (their
@@ -240,6 +241,16 @@ async def run_phase(lab: Lab, *, vllm_version: str, bake_s: int, concurrency: in
     return phase
 
 
+def retired_by_promotion(lab: Lab, rollout: dict[str, Any]) -> list[str]:
+    """The states of the old revision's replicas the promotion retired (drained once the
+    new revision's serve: draining, then terminated)."""
+    events = api("GET", f"{lab.base}/api/v1/audit-log/?action=rollout.promoted"
+                        f"&object_id={rollout['id']}", lab.token)["results"]
+    retired = set(events[0]["changes"].get("retired") or []) if events else set()
+    replicas = api("GET", f"{lab.base}/api/v1/replicas/?page_size=100", lab.token)["results"]
+    return sorted(r["state"] for r in replicas if r["public_id"] in retired)
+
+
 def after_rollback(lab: Lab, rollout: dict[str, Any], timeout_s: float = 20.0
                    ) -> tuple[float | None, list[str]]:
     """Seconds from the rollback to the open `rollout_rolled_back` alert (alerts are
@@ -335,6 +346,8 @@ def main() -> None:
             alert_s, canary_states = (after_rollback(lab, bad.rollout)
                                       if bad.rollout["state"] == "rolled_back" else (None, []))
             log(f"alert opened {alert_s} s after the rollback; canary replicas {canary_states}")
+            old_states = retired_by_promotion(lab, good.rollout)
+            log(f"the good promotion's old revision replicas: {old_states}")
         finally:
             stop_lab(lab)
     good_failed = [t for t in good.turns if not t.ok]
@@ -355,6 +368,7 @@ def main() -> None:
                          == ["advanced", "advanced", "promoted"],
         "good_failed_requests": len(good_failed),
         "good_requests": len(good.turns),
+        "good_old_replicas_after": old_states,
         "bad_rolled_back": rolled_back and bad_rollout["ended_by"] == "rollouts.analysis",
         "s_to_rollback": round(ended - _iso(bad_rollout["started_at"]), 2) if ended else None,
         "s_fault_to_rollback": (round(ended - bad.first_canary_turn, 2)
