@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.test import Client
 
-from controlplane.core.models import AuditLog
+from controlplane.core.models import AuditLog, Role
+from controlplane.core.services import ensure_user
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.rollouts import services
@@ -145,3 +147,18 @@ def test_rolling_back_retires_the_canary_and_keeps_the_old_revision(deployment):
     assert {r.state for r in Replica.objects.filter(pk__in=[r.pk for r in old])} == {S.READY}
     assert Rollout.objects.get(pk=rollout.pk).old_retired_at is not None
     assert services.check() == {}
+
+
+def test_the_rollout_page_says_whether_the_old_revision_is_retired(deployment):  # type: ignore[no-untyped-def]
+    rollout = services.start(deployment, actor="op", steps=[10, 100], bake_s=60)
+    serve(Replica.objects.filter(revision=rollout.to_revision))
+    services.check()
+    services.promote(rollout.pk, actor="op")
+    client = Client()
+    client.force_login(ensure_user("viewer-promo", Role.VIEWER, None))
+    html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "keep serving until 2 of revision 2" in html
+    serve(Replica.objects.filter(revision=rollout.to_revision))
+    services.check()
+    html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert "were retired" in html and "once 2 of revision 2" in html
