@@ -404,15 +404,19 @@ def edge_route(batch: Batch) -> EdgeRoute | None:
 
 def edge_unready(route: EdgeRoute, timeout_s: float = 5.0) -> str:
     """Why the edge cannot take the batch's lines now, or "" when it can: it does not answer
-    (down, restarting), or it refuses the batch's key (its table does not hold it yet: a new
-    key reaches the edges with the next table). Any other answer is left to the sends and
+    (down, restarting), it has no table yet (503), or it refuses the batch's key (its table
+    does not hold it yet: a new key reaches the edges with the next table). Any other answer is left to the sends and
     their retries."""
     request = urllib.request.Request(route.url + "/v1/models", headers=route.headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
             return ""
     except urllib.error.HTTPError as exc:
-        return "the edge does not know the batch's key yet" if exc.code == 401 else ""
+        if exc.code == 401:
+            return "the edge does not know the batch's key yet"
+        if exc.code == 503:  # no routing table yet (starting): it would refuse every line
+            return f"the edge at {route.url} cannot route yet (503)"
+        return ""
     except (TimeoutError, OSError) as exc:  # URLError is an OSError
         return f"the edge at {route.url} does not answer ({exc})"
 
