@@ -89,7 +89,9 @@ def wait_for_canary(lab: Lab, revision: int, timeout_s: float) -> str:
         if all(ids):
             replicas = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
                            lab.token)["results"]
-            return str(next(r["url"] for r in replicas if r["public_id"] in ids[0]))
+            canary = next(r for r in replicas if r["public_id"] in ids[0])
+            log(f"  canary replica {canary['public_id']} serving in {canary.get('region')}")
+            return str(canary["url"])
         time.sleep(0.25)
     raise RuntimeError(f"no edge routes to revision {revision}'s replica after {timeout_s:.0f} s")
 
