@@ -17,11 +17,10 @@ import random
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from edge.health import ReplicaStats
 from edge.prefix import PrefixIndex, load_bound, rendezvous_weight, replica_id_hash
-from edge.table import ROUTABLE_STATES, Policy, Replica, TableError, TenantRules
+from edge.table import ROUTABLE_STATES, Policy, Replica, TenantRules
 
 # A prompt's home is decided by its first blocks (≈ 64 tokens): users sharing a system prompt
 # share a home, so their first turns reuse its cached blocks.
@@ -124,24 +123,11 @@ def tier_allows(replica: Replica, tenant: TenantRules, tier: str) -> bool:
 
 
 # --- batch pools ---------------------------------------------------------------------------
-# A model whose table entry has `batch_pool` (the control plane's compiler writes it for a
-# model with a batch-tier deployment: its tenants, or "*" for a shared one) takes the batch
-# requests of those tenants on its batch-tier replicas alone, never on interactive ones,
-# also while it has none (a pool scaled to zero): the edge answers 503 no_replicas and counts
-# the request, which is what wakes the pool.
-
-def batch_pool_of(document: Mapping[str, Any], model: str) -> frozenset[str] | None:
-    """The tenants named by a model's `batch_pool` in a table document; None when it has
-    none. Raises TableError naming the field when it is not a list of names."""
-    entry = document.get("models", {}).get(model)
-    pool = entry.get("batch_pool") if isinstance(entry, Mapping) else None
-    if pool is None:
-        return None
-    if not isinstance(pool, list) or not all(isinstance(n, str) and n for n in pool):
-        raise TableError(f"models.{model}.batch_pool must be a list of tenant names or \"*\"",
-                         f"models.{model}.batch_pool")
-    return frozenset(pool)
-
+# A model whose table entry has `batch_pool` (`RoutingTable.batch_pools`: the control
+# plane's compiler writes it for a model with a batch-tier deployment, its tenants or "*"
+# for a shared one) takes the batch requests of those tenants on its batch-tier replicas
+# alone, never on interactive ones, also while it has none (a pool scaled to zero): the edge
+# answers 503 no_replicas and counts the request, which is what wakes the pool.
 
 def in_batch_pool(replicas: tuple[Replica, ...], pool: frozenset[str] | None,
                   tenant: TenantRules, tier: str) -> tuple[Replica, ...]:

@@ -38,7 +38,6 @@ from edge.httpserver import HttpConnection, Request
 from edge.policy import (
     CandidateSet,
     RouteRequest,
-    batch_pool_of,
     candidate_set,
     in_batch_pool,
     pick_common,
@@ -838,8 +837,7 @@ class ClientApi:
         if cset is None:
             replicas = table.models[model]
             if tier == "batch":
-                replicas = in_batch_pool(replicas, batch_pool_of(table.document, model),
-                                         tenant, tier)
+                replicas = in_batch_pool(replicas, table.batch_pools.get(model), tenant, tier)
             if revision == ANY_REVISION:
                 shared = {name for name, share in table.revisions.get(model, ()) if share > 0}
                 replicas = tuple(r for r in replicas if r.revision in shared)

@@ -15,6 +15,9 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
   as percentages of the model's new conversations) [none: every replica takes traffic as
   before]. With it, every replica of the model names a listed `revision`; the edge sends a
   conversation to one revision by its prefix key (`edge.policy.pick_revision`).
+  `batch_pool` (the tenants, or `["*"]`, whose batch-tier requests for the model go to its
+  batch-tier replicas alone, also while it has none: `edge.policy.in_batch_pool`) [none:
+  batch requests may use interactive replicas too].
 - tenant: `regions` (narrows `jurisdictions` to these `cloud:region` keys) [[]],
   `models` [["*"]], `tier` ["interactive"], `resume_streams` (may a stream cut mid-way
   be resumed on another replica) [true].
@@ -267,6 +270,9 @@ class RoutingTable:
     # (the highest id: a canary takes the low end of [0, 100), so growing its share never
     # moves a conversation off it).
     revisions: Mapping[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    # Per model with a batch-tier deployment: the tenants whose batch requests go to its
+    # batch-tier replicas alone ("*": everyone's), also while it has none.
+    batch_pools: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def replicas(self) -> list[Replica]:
@@ -485,6 +491,14 @@ def _alias(name: str, entry: Any) -> Alias:
     return Alias(name, tuple(parsed), _get(entry, "default", "str", where))
 
 
+def _batch_pool(model: str, pool: Any) -> frozenset[str]:
+    if not isinstance(pool, list) or not pool or not all(
+            isinstance(name, str) and name for name in pool):
+        raise TableError(f"models.{model}.batch_pool must be a non-empty list of tenant names "
+                         "or [\"*\"]", f"models.{model}.batch_pool")
+    return frozenset(pool)
+
+
 def parse_table(document: Mapping[str, Any]) -> RoutingTable:
     """Check the shape of a (verified) table and build what the hot path reads."""
     if not isinstance(document, Mapping):
@@ -495,6 +509,7 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
     models_doc = _get(document, "models", "object", "table", {})
     models: dict[str, tuple[Replica, ...]] = {}
     revisions: dict[str, tuple[tuple[str, float], ...]] = {}
+    batch_pools: dict[str, frozenset[str]] = {}
     for model, entry in models_doc.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("replicas", []), list):
             raise TableError(f"models.{model} must be {{\"replicas\": [...]}}", f"models.{model}")
@@ -505,6 +520,8 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         models[model] = replicas
         if entry.get("revisions") is not None:
             revisions[model] = _revisions(model, entry["revisions"], replicas)
+        if entry.get("batch_pool") is not None:
+            batch_pools[model] = _batch_pool(model, entry["batch_pool"])
     tenants_doc = _get(document, "tenants", "object", "table", {})
     tenants = {key_hash: _tenant(key_hash, entry) for key_hash, entry in tenants_doc.items()}
     aliases_doc = _get(document, "aliases", "object", "table", {})
@@ -524,6 +541,7 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         aliases=aliases,
         document=document,
         revisions=revisions,
+        batch_pools=batch_pools,
     )
 
 

@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge.local import build_table, replica_entry
-from edge.policy import batch_pool_of, in_batch_pool
-from edge.table import Replica, TableError, TenantRules, parse_origin
+from edge.policy import in_batch_pool
+from edge.table import Replica, TableError, TenantRules, parse_origin, parse_table
 
 from .conftest import API_KEY, tenant
 from .fake_engine import FakeEngine
@@ -48,12 +48,19 @@ def test_which_replicas_a_request_may_use(pool: Any, tier: str, expected: list[s
     assert [r.id for r in in_batch_pool(BOTH, pool, ACME, tier)] == expected, why
 
 
-def test_a_malformed_batch_pool_is_named() -> None:
-    assert batch_pool_of({"models": {"m": {"replicas": []}}}, "m") is None
-    assert batch_pool_of({"models": {"m": {"batch_pool": ["*"]}}}, "m") == {"*"}
-    with pytest.raises(TableError) as bad:
-        batch_pool_of({"models": {"m": {"batch_pool": "acme"}}}, "m")
-    assert bad.value.field == "models.m.batch_pool"
+def test_a_batch_pool_is_read_with_the_table_and_a_malformed_one_refused_by_name() -> None:
+    def table(pool: Any) -> dict[str, Any]:
+        document = build_table(1, "edge-test", {"m": []}, {API_KEY: tenant()})
+        if pool is not None:
+            document["models"]["m"]["batch_pool"] = pool
+        return document
+
+    assert parse_table(table(None)).batch_pools == {}
+    assert parse_table(table(["*"])).batch_pools == {"m": frozenset({"*"})}
+    for bad in ("acme", [], [""], [3]):
+        with pytest.raises(TableError) as refused:
+            parse_table(table(bad))
+        assert refused.value.field == "models.m.batch_pool", bad
 
 
 def _table(interactive_url: str, batch_url: str | None, pool: list[str] | None,
