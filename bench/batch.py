@@ -24,7 +24,16 @@ while it ran, `meridian.cost` in the batch's answer) beside the interactive $/Mt
 replicas' $ over the tokens they served in phase 1, `batches.cost.window_cost`) and their
 ratio; `batch_tokens_per_s`; the client's name and version.
 
-    python bench/batch.py [--quick] [--lines N]
+With --batch-tier the batch runs on a batch-tier deployment of the model (`demo-batch`,
+min_replicas 0, created at zero before the batch): the edges send batch work to it alone,
+its first line's "no replica" answer wakes it (the autoscaler's scale from zero), and after
+the batch it goes back to zero once idle for MERIDIAN_SCALE_DOWN_WINDOW_S (15 s here, 60 s by
+default). It adds `s_to_first_batch_replica` (batch created to the deployment's first ready
+replica: the cold start) and `batch_replicas_after` (its live replicas once the idle window
+has passed: 0, or the count with a note that the window outlasted the wait). The replica
+killed mid-run is then an interactive one.
+
+    python bench/batch.py [--quick] [--lines N] [--batch-tier]
 
 Every process dies with the benchmark, even when it is SIGKILLed (the lab runs under a
 parent-death signal and stops its children; the lab's guard stops the engines). Progress on
@@ -44,6 +53,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +71,10 @@ LEASE_S, REQUEST_TIMEOUT_S = 12, 10
 # (the batch tier has a budget of its own, the tenant's limits again).
 TENANT_LIMITS = {"rpm_limit": 100_000, "tpm_limit": 50_000_000}
 WORKER_KILL_AT, REPLICA_KILL_AT = 0.2, 0.4  # fractions of the lines done
+# --batch-tier: the batch-tier deployment, and the lab's idle window before a scale-down.
+POOL = "demo-batch"
+POOL_IDLE_S = 15
+LIVE = ("pending", "provisioning", "starting", "ready", "degraded")
 
 
 def log(message: str) -> None:
@@ -109,15 +123,17 @@ def kill_batch_worker(lab: Lab, batch_id: str) -> dict[str, Any] | None:
     return {"pid": pid, "lines_held": int(row[1]), "at": time.time()}
 
 
-def kill_one_replica(var_dir: Path) -> dict[str, Any] | None:
+def kill_one_replica(var_dir: Path, spare: Collection[str] = ()) -> dict[str, Any] | None:
     """SIGKILL one running enginesim replica (engine and relay), from the lab's local
-    provider records."""
+    provider records; never one of `spare` (public ids)."""
     for record_path in sorted(var_dir.rglob("*.json")):
         try:
             record = json.loads(record_path.read_text())
         except (OSError, ValueError):
             continue
         if not isinstance(record, dict) or "relay_pid" not in record or not record.get("pid"):
+            continue
+        if record.get("replica_id") in spare:
             continue
         killed = []
         for key in ("pid", "relay_pid"):
@@ -187,6 +203,67 @@ def interactive_cost(lab: Lab, start: float, end: float) -> dict[str, Any]:
         connections.close_all()
 
 
+# -- the batch-tier deployment (--batch-tier) --------------------------------------------------
+
+def create_pool(lab: Lab) -> None:
+    """A batch-tier deployment of the model, like the demo one but at zero (min_replicas 0)."""
+    demo = api("GET", f"{lab.base}/api/v1/deployments/demo-chat/", lab.token)
+    api("POST", f"{lab.base}/api/v1/deployments/", lab.token, {
+        "name": POOL, "served_model_name": MODEL, "model": demo["model"], "tier": "batch",
+        "allowed_jurisdictions": demo["allowed_jurisdictions"],
+        "user_regions": demo["user_regions"], "engine": demo["engine"],
+        "max_model_len": demo["max_model_len"], "min_replicas": 0, "max_replicas": 1,
+        "spread_regions": 1, "autoscale": True, "scale_down_cooldown_s": 0})
+
+
+def pool_replicas(lab: Lab) -> list[dict[str, Any]]:
+    return list(api("GET", f"{lab.base}/api/v1/replicas/?deployment={POOL}&page_size=100",
+                    lab.token)["results"])
+
+
+class PoolWatch:
+    """Polls the batch-tier deployment's replicas every half second in a thread: when the
+    first was ready, and how many are live now."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.first_ready_at: float | None = None
+        self.live = 0
+        self.ids: set[str] = set()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                rows = pool_replicas(self.lab)
+            except OSError:
+                rows = None
+            if rows is not None:
+                self.ids |= {r["public_id"] for r in rows}
+                self.live = sum(1 for r in rows if r["state"] in LIVE)
+                if self.first_ready_at is None and any(r["state"] == "ready" for r in rows):
+                    self.first_ready_at = time.time()
+            self.stopped.wait(0.5)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(10)
+
+
+def wait_for_zero(watch: PoolWatch, timeout_s: float) -> float | None:
+    """Seconds until the batch-tier deployment has no live replica, or None at the deadline."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if watch.live == 0:
+            return round(time.monotonic() - started, 1)
+        time.sleep(0.5)
+    return None
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 class Chat:
@@ -228,7 +305,7 @@ class Chat:
 
 
 def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
-              timeout_s: float) -> dict[str, Any]:
+              timeout_s: float, watch: PoolWatch | None = None) -> dict[str, Any]:
     client = openai.OpenAI(api_key=lab.demo_key, base_url=f"{edge_url}/v1", max_retries=2,
                            timeout=60)
     try:
@@ -237,6 +314,7 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
         batch = client.batches.create(input_file_id=uploaded.id,
                                       endpoint="/v1/chat/completions", completion_window="24h",
                                       metadata={"bench": "batch"})
+        created_at = time.time()
         log(f"  batch {batch.id}: {lines} lines uploaded ({uploaded.bytes} bytes) and created")
         worker_kill = replica_kill = None
         deadline = time.monotonic() + timeout_s
@@ -246,7 +324,8 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
             counts = batch.request_counts
             done = (counts.completed + counts.failed) if counts else 0
             if time.monotonic() - last_log > 5:
-                log(f"  {batch.status}: {done}/{lines} lines done")
+                pool = "" if watch is None else f" ({POOL}: {watch.live} live replica(s))"
+                log(f"  {batch.status}: {done}/{lines} lines done{pool}")
                 last_log = time.monotonic()
             if batch.status in ("completed", "failed", "expired", "cancelled"):
                 break
@@ -256,7 +335,7 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
                     log(f"  SIGKILLed batch worker pid {worker_kill['pid']} holding "
                         f"{worker_kill['lines_held']} lines")
             if replica_kill is None and done >= REPLICA_KILL_AT * lines:
-                replica_kill = kill_one_replica(var_dir)
+                replica_kill = kill_one_replica(var_dir, watch.ids if watch else set())
                 if replica_kill:
                     log(f"  SIGKILLed replica {replica_kill['replica']}")
             if time.monotonic() > deadline:
@@ -273,6 +352,7 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
     ok = [json.loads(r) for r in output.splitlines() if r]
     failed = [json.loads(r) for r in errors.splitlines() if r]
     return {"batch": batch, "answer": raw, "answered": answered, "completed": len(ok),
+            "created_at": created_at,
             "failed": len(failed), "worker_kill": worker_kill, "replica_kill": replica_kill,
             "line_errors": sorted({json.dumps(f.get("error")) for f in failed})[:5]}
 
@@ -282,12 +362,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--lines", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=4, help="interactive clients")
+    parser.add_argument("--batch-tier", action="store_true",
+                        help=f"run the batch on a batch-tier deployment ({POOL}) that starts "
+                             "at zero and goes back to zero after it")
     args = parser.parse_args()
     lines = args.lines or (200 if args.quick else 2000)
     baseline_s = 8.0 if args.quick else 30.0
     per_region = 1 if args.quick else 2
     os.environ.update({"MERIDIAN_BATCH_LEASE_S": str(LEASE_S),
                        "MERIDIAN_BATCH_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)})
+    if args.batch_tier:
+        os.environ["MERIDIAN_SCALE_DOWN_WINDOW_S"] = str(POOL_IDLE_S)
+    pool: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="meridian-batch-") as tmp:
         var_dir = Path(tmp)
         log(f"starting the lab (3 local regions × {per_region} enginesim replicas, 2 edges)")
@@ -295,10 +381,16 @@ def main() -> None:
         lab = start_lab(var_dir, replicas_per_region=per_region,
                         name_prefix="meridian_bench_batch")
         chat: Chat | None = None
+        watch: PoolWatch | None = None
         try:
             wait_ready(lab, 3 * per_region)
             log(f"lab ready in {time.monotonic() - t0:.0f} s")
             raise_limits(lab)
+            if args.batch_tier:
+                create_pool(lab)
+                watch = PoolWatch(lab)
+                watch.start()
+                log(f"{POOL}: a batch-tier deployment of {MODEL} at zero")
             time.sleep(3)  # the new limits reach the edges with the next table
             edge_url = lab.edges[EDGE_REGION][0]
             chat = Chat(edge_url, lab.demo_key, args.concurrency)
@@ -308,13 +400,33 @@ def main() -> None:
             base_end = time.time()
             log(f"interactive only: {len(chat.ttft_between(base_start, base_end))} requests in "
                 f"{baseline_s:.0f} s; now the batch")
-            result = run_batch(lab, var_dir, edge_url, lines, 120.0 if args.quick else 900.0)
+            result = run_batch(lab, var_dir, edge_url, lines, 120.0 if args.quick else 900.0,
+                               watch)
             batch_end = time.time()
             chat.stop()
+            if watch is not None:
+                # Idle from here: the window, a 2 s decision loop, and the drain's end.
+                limit_s = POOL_IDLE_S + 30.0
+                log(f"waiting up to {limit_s:.0f} s for {POOL} to go back to zero")
+                to_zero = wait_for_zero(watch, limit_s)
+                first = watch.first_ready_at
+                pool = {
+                    "s_to_first_batch_replica": None if first is None
+                    else round(first - result["created_at"], 1),
+                    "batch_replicas_after": watch.live,
+                    "s_batch_end_to_zero": to_zero,
+                    "scale_down_window_s": POOL_IDLE_S,
+                }
+                if to_zero is None:
+                    pool["note"] = (f"{POOL} still had {watch.live} live replica(s) "
+                                    f"{limit_s:.0f} s after the batch: the window and drain "
+                                    "outlasted the wait")
             time.sleep(1.0)  # the edges' access logs are written every 200 ms
             audit = sends_audit(var_dir, lab, result["batch"].id)
             interactive = interactive_cost(lab, base_start, base_end)
         finally:
+            if watch is not None:
+                watch.stop()
             if chat is not None and chat.thread.is_alive():
                 chat.stop()
             stop_lab(lab)
@@ -347,6 +459,7 @@ def main() -> None:
         "batch_tokens_per_s": round(cost.get("tokens", 0) / ran_s, 1) if ran_s > 0 else None,
         "batch_usd": cost.get("usd"), "batch_tokens": cost.get("tokens"), "batch_s": ran_s,
         "client": f"openai {openai.__version__}",
+        "batch_tier": args.batch_tier, **pool,
         "sends": audit, "worker_kill": result["worker_kill"],
         "replica_kill": result["replica_kill"], "interactive_window": interactive,
         "cost": cost,
