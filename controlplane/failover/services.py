@@ -288,6 +288,7 @@ def replace_for(deployment_id: int) -> list[str]:
                     failed = []  # retried on the next pass
             if failed:
                 names = [r.public_id for p in placed for r in p.replicas]
+                _keep_canary_revision(deployment, failed, placed)
                 _attach_replacements(failed, names, placed)
                 Replica.objects.filter(pk__in=[r.pk for r in failed]).update(
                     replacement_requested_at=timezone.now())
@@ -341,6 +342,23 @@ def _place_replacements(deployment: Deployment, failed: list[Replica], live: lis
                 f"elsewhere, inside the deployment's jurisdictions ({away}); the periodic "
                 "replan moves it back once the spread rule is broken and the region is usable"))
     return placed
+
+
+def _keep_canary_revision(deployment: Deployment, failed: list[Replica],
+                          placed: list[Replacement]) -> None:
+    """While a rollout is in progress, a failed canary replica's replacement runs the canary
+    revision (those in its region first): otherwise the canary's capacity would quietly
+    become the stable revision's. Set before the launches, which are enqueued on commit."""
+    canary = deployment.canary_revision_id
+    lost = [r for r in failed if canary is not None and r.revision_id == canary]
+    if not lost:
+        return
+    regions = {r.region_id for r in lost}
+    made = sorted((r for p in placed for r in p.replicas), key=lambda r: r.region_id not in regions)
+    chosen = made[:len(lost)]
+    Replica.objects.filter(pk__in=[r.pk for r in chosen]).update(revision_id=canary)
+    for replica in chosen:
+        replica.revision_id = canary
 
 
 def _request(deployment: Deployment, slots: list[tuple[Any, bool, int]], reason: str
