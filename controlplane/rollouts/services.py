@@ -595,7 +595,8 @@ def _finish_retiring(rollout_id: int) -> str:
 def check(now: Any = None) -> dict[str, str]:
     """Put each running rollout's step live once its canary replicas serve; judge each whose
     live step has baked (its bake time once, and once more per extension): fail → rolled back, pass → the next step (the last one waits
-    for promote, the figures kept on the step), too little traffic → extended or held.
+    for promote, the figures kept on the step), too little traffic → extended or held; and
+    finish each promotion still waiting for its new replicas (`finish_promotion`).
     Returns {rollout id: what was done}."""
     now = now or timezone.now()
     done: dict[str, str] = {}
