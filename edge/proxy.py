@@ -589,11 +589,20 @@ class Exchange(Listener):
     # --- reading the answer -------------------------------------------------------------
 
     def response_headers(self, conn: UpstreamConnection) -> bytes:
-        parts = [name + b": " + value + b"\r\n" for name, value in conn.headers
-                 if name not in HOP_BY_HOP and name != b"x-request-id"]
+        # Pieces joined once: concatenating each header line would make two objects a line.
+        parts: list[bytes] = []
+        for name, value in conn.headers:
+            if name not in HOP_BY_HOP and name != b"x-request-id":
+                parts.append(name)
+                parts.append(b": ")
+                parts.append(value)
+                parts.append(b"\r\n")
         assert self.replica is not None
-        parts.append(b"x-request-id: " + self.request_id + b"\r\nx-meridian-replica: " +
-                     self.replica.id.encode() + b"\r\n")
+        parts.append(b"x-request-id: ")
+        parts.append(self.request_id)
+        parts.append(b"\r\nx-meridian-replica: ")
+        parts.append(self.replica.id.encode())
+        parts.append(b"\r\n")
         return b"".join(parts)
 
     def record_usage(self, usage: tuple[int, int] | None) -> bool:
