@@ -13,7 +13,7 @@ task of its own unless it has to wait (for a new upstream connection, or for cap
   client's connection, which the client sees, rather than being papered over.
 - A client that goes away aborts the upstream request: closing that connection is how vLLM
   learns to stop generating.
-- Every request ends in `ClientApi.account`: metrics, the tenant's token correction, and
+- Every request ends in `edge.accounting.account`: metrics, the tenant's token correction, and
   one access-log line.
 """
 
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from edge import errors, resume
+from edge.accounting import account
 from edge.batch_forward import BatchApi, forwarded
 from edge.errors import ClientError
 from edge.health import ReplicaStats
@@ -47,6 +48,7 @@ from edge.policy import (
     schedule_set,
 )
 from edge.prefix import block_keys, chat_prompt_text, conversation_key
+from edge.ratelimit import limit_key
 from edge.table import Replica, RoutingTable, TenantRules
 from edge.upstream import HOP_BY_HOP, Listener, UpstreamConnection, UpstreamError
 from edge.usage import parsed_usage, reported_usage
@@ -69,12 +71,6 @@ _NOTHING_TRIED: frozenset[str] = frozenset()
 MAX_REMEMBERED_KEYS = 4096
 # The candidate-set key of "every revision with a share" (a split model's fallback).
 ANY_REVISION = "*"
-
-
-def limit_key(tenant: str, tier: str) -> str:
-    """Whose RPM/TPM budget a request spends: batch-tier requests have one of their own (the
-    tenant's limits again), so a tenant's batch never uses up its interactive budget."""
-    return tenant if tier == "interactive" else tenant + "|batch"
 
 
 class Exchange(Listener):
@@ -584,7 +580,7 @@ class Exchange(Listener):
                 conn.abort()  # unfinished: this is what tells the engine to stop
         self.client.set_producer(None)
         self.release_slot()
-        self.api.account(self)
+        account(self.edge, self)
 
     # --- reading the answer -------------------------------------------------------------
 
@@ -889,67 +885,3 @@ class ClientApi:
             if value is not None:
                 parts.append(name + b": " + value + b"\r\n")
         return b"".join(parts)
-
-    # --- accounting ---------------------------------------------------------------------
-
-    def account(self, exchange: Exchange) -> None:
-        edge = self.edge
-        metrics = edge.metrics
-        tenant_rules = exchange.tenant
-        tenant = tenant_rules.tenant if tenant_rules is not None else ""
-        replica = exchange.replica
-        model = exchange.model
-        status = exchange.status or 499
-        request = exchange.request
-        started = request.received_at
-        end = exchange.last_byte_at or time.perf_counter()
-        region = replica.region if replica is not None else ""
-        metrics.requests.inc((model, region, tenant, status))
-        ttft = exchange.first_byte_at - started if exchange.first_byte_at else None
-        if ttft is not None:
-            metrics.ttft.observe((model,), ttft)
-            metrics.overhead.observe((), exchange.overhead_s)
-        labels = exchange.revision_labels
-        if labels is not None:
-            metrics.revision_requests.inc((labels[0], labels[1], status))
-            if ttft is not None:
-                metrics.revision_ttft.observe(labels, ttft)
-        if exchange.prompt_tokens or exchange.completion_tokens:
-            metrics.tokens.inc((model, region, tenant, "prompt"), exchange.prompt_tokens)
-            metrics.tokens.inc((model, region, tenant, "completion"), exchange.completion_tokens)
-            if tenant_rules is not None and tenant_rules.tpm > 0:
-                edge.limiter.settle(limit_key(tenant, exchange.tier), exchange.charged_tokens,
-                                    exchange.prompt_tokens + exchange.completion_tokens,
-                                    time.monotonic())
-        if exchange.status == 0:
-            metrics.client_disconnects.inc()
-        access_log = edge.access_log
-        if access_log.enabled:
-            access_log.write(orjson.dumps({
-                "ts": time.time(),
-                "edge": edge.name,
-                "request_id": exchange.request_id.decode(),
-                "client": request.peer,
-                "path": request.path,
-                "status": status,
-                "code": exchange.code or None,
-                "tenant": tenant or None,
-                "model": model or None,
-                "requested_model": exchange.requested_model or None,
-                "tier": exchange.tier,
-                "stream": exchange.stream,
-                "replica": replica.id if replica is not None else None,
-                "region": region or None,
-                "retries": exchange.retries,
-                "resumptions": exchange.resumes,
-                "resume_outcome": exchange.resume_outcome or None,
-                "last_failure": exchange.last_failure or None,
-                "queued_s": exchange.queued_s,
-                "ttft_s": ttft,
-                "duration_s": end - started,
-                "overhead_s": exchange.overhead_s,
-                "prompt_tokens": exchange.prompt_tokens,
-                "completion_tokens": exchange.completion_tokens,
-                "usage_reported": exchange.usage_reported,
-                "bytes_out": exchange.client.bytes_sent,
-            }))

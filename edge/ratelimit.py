@@ -14,6 +14,12 @@ import math
 from dataclasses import dataclass
 
 
+def limit_key(tenant: str, tier: str) -> str:
+    """Whose RPM/TPM budget a request spends: batch-tier requests have one of their own (the
+    tenant's limits again), so a tenant's batch never uses up its interactive budget."""
+    return tenant if tier == "interactive" else tenant + "|batch"
+
+
 @dataclass(slots=True)
 class TenantBuckets:
     rpm: int
