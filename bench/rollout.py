@@ -7,8 +7,8 @@ then sends multi-turn chat conversations (streaming, each turn repeating the con
 far) through the Frankfurt edge while two rollouts of the demo deployment run:
 
 1. good: a new vLLM version, steps 10 → 50 → 100 %. The rollout advances itself as each
-   step's analysis passes; once the 100 % step has passed, the load stops and the bench
-   promotes it, as an operator would.
+   step's analysis passes, and is promoted by it once the 100 % step has passed (the
+   rollout's default `auto_promote`); nobody acts.
 2. bad: another revision, steps 10 → 50 → 100 %, whose canary replica is made slow (an
    enginesim fault: every step `--bad-factor` times as long, so its TTFT and ITL grow) or
    failing (`--bad-fault fail`: 500 to every request) as soon as it is up. Nobody acts: the
@@ -223,20 +223,15 @@ async def run_phase(lab: Lab, *, vllm_version: str, bake_s: int, concurrency: in
                 if time.monotonic() - rolled_back_at >= 3.0:
                     break  # requests have gone back to the stable revision
             elif rollout["state"] != "running":
-                break
-            elif rollout["weight"] == 100 and steps[-1][2] == "pass":
-                break  # every step passed: the operator's turn
+                break  # promoted by the analysis once its last step passed, or held
         else:
             raise RuntimeError(f"rollout {rid} still {rollout['state']} after {timeout_s:.0f} s")
     finally:
         stop.set()
         await task
     revisions.update(await asyncio.to_thread(replica_revisions, lab))
-    if rollout["state"] == "running":
-        rollout = await asyncio.to_thread(api, "POST",
-                                          f"{lab.base}/api/v1/rollouts/{rid}/promote/",
-                                          lab.token, {"reason": "every step passed"})
-        log(f"  promoted: {steps_of(rollout)}")
+    if rollout["state"] == "promoted":
+        log(f"  promoted by the analysis: {steps_of(rollout)}")
     phase = Phase(rollout, load.turns, revisions, ready_at)
     on_canary = [t.started for t in load.turns if revisions.get(t.replica) == str(canary)]
     phase.first_canary_turn = min(on_canary) if on_canary else None

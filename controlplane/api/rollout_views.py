@@ -55,7 +55,7 @@ class RolloutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rollout
         fields = ["id", "deployment", "strategy", "state", "steps", "bake_s",
-                  "rollback_window_s", "waves", "current_wave", "thresholds",
+                  "rollback_window_s", "auto_promote", "waves", "current_wave", "thresholds",
                   "current_step", "weight", "from_revision", "to_revision", "reason",
                   "created_by", "ended_by", "created_at", "started_at", "ended_at",
                   "replicas_wanted", "old_retired_at", "step_rows"]
@@ -78,6 +78,9 @@ class StartRequest(serializers.Serializer):
     rollback_window_s = serializers.JSONField(required=False, help_text=(
         "blue_green only: seconds the old set is kept after the switch, the new one judged "
         "all the while (0 < s ≤ 86400, default 600)."))
+    auto_promote = serializers.JSONField(required=False, help_text=(
+        "canary: true (default) promotes once the last step's analysis passes; false holds "
+        "the last step for an operator's promote."))
     bake_s = serializers.JSONField(required=False, help_text="Seconds each step is held "
                                    "(> 0). Default 300.")
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all(),

@@ -41,6 +41,9 @@ class Rollout(models.Model):
         default=0, help_text="Blue/green: how long the old set is kept after the switch, the "
                              "new one judged all the while, before it is promoted and the old "
                              "set retired.")
+    auto_promote = models.BooleanField(default=True, help_text=(
+        "Canary: promote once the last step's analysis passes; false: the last step waits "
+        "for an operator's promote."))
     waves = models.JSONField(default=list, blank=True, help_text=(
         "Canary in waves: lists of edge regions (cloud:code), each taken through every step "
         "in turn, earlier waves staying at 100%; empty: every edge at once."))

@@ -307,7 +307,7 @@ def _close_step(rollout: Rollout, decision: str, figures: dict[str, Any] | None 
 @transaction.atomic
 def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = None,
           bake_s: Any = 300, strategy: Any = Strategy.CANARY, rollback_window_s: Any = None,
-          waves: Any = None,
+          waves: Any = None, auto_promote: Any = True,
           model: Model | None = None, vllm_version: str | None = None,
           engine_args: dict[str, Any] | None = None, tensor_parallel: int | None = None,
           pipeline_parallel: int | None = None, preferred_gpu_type: GpuType | None = None,
@@ -318,6 +318,9 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
     strategy, steps, window = check_strategy(strategy, steps, rollback_window_s)
     weights = check_steps(steps, bake_s)
     wave_regions = check_waves(waves, strategy)
+    if not isinstance(auto_promote, bool):
+        raise RolloutInputError("auto_promote", f"auto_promote must be true or false, not "
+                                f"{auto_promote!r}")
     try:
         limits = analysis.check_thresholds(
             thresholds, analysis.defaults_for(deployment.slo_ttft_p95_ms))
@@ -351,6 +354,7 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
                 deployment=locked, from_revision=stable, to_revision=revision,
                 strategy=strategy, steps=weights, bake_s=bake_s, waves=wave_regions,
                 rollback_window_s=window, thresholds=limits, state=S.RUNNING,
+                auto_promote=auto_promote,
                 created_by=actor, started_at=now)
     except IntegrityError:
         raise RolloutStateError(f"deployment {locked.name} already has a rollout in "
@@ -361,7 +365,7 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
     record_audit(actor, "rollout.started", rollout, reason=reason, changes={
         "strategy": strategy, "from_revision": stable.number, "to_revision": revision.number,
         "steps": weights, "bake_s": bake_s, "rollback_window_s": window or None,
-        "waves": wave_regions or None,
+        "waves": wave_regions or None, "auto_promote": auto_promote,
         "thresholds": limits, "weight": step.weight,
         "canary_replicas": [r.public_id for r in canaries]})
     return rollout
@@ -594,8 +598,10 @@ def _finish_retiring(rollout_id: int) -> str:
 
 def check(now: Any = None) -> dict[str, str]:
     """Put each running rollout's step live once its canary replicas serve; judge each whose
-    live step has baked (its bake time once, and once more per extension): fail → rolled back, pass → the next step (the last one waits
-    for promote, the figures kept on the step), too little traffic → extended or held; and
+    live step has baked (its bake time once, and once more per extension): fail → rolled
+    back, pass → the next step (past the last one: promoted, or, without auto_promote, waiting
+    for an operator's promote, the figures kept on the step), too little traffic → extended
+    or held; and
     finish each promotion still waiting for its new replicas (`finish_promotion`).
     Returns {rollout id: what was done}."""
     now = now or timezone.now()
@@ -642,6 +648,10 @@ def check(now: Any = None) -> dict[str, str]:
                     done[str(rollout.pk)] = "promoted"
                 else:
                     done[str(rollout.pk)] = "in_window"
+            elif rollout.auto_promote:
+                RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
+                promote(rollout.pk, actor=ANALYST, reason=f"last step passed: {why}")
+                done[str(rollout.pk)] = "promoted"
             else:
                 RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
                 done[str(rollout.pk)] = "awaiting_promote"

@@ -51,6 +51,9 @@ class StartForm(forms.Form):
     bake_s = forms.IntegerField(label="Bake time (s)", min_value=1, initial=300)
     rollback_window_s = forms.IntegerField(label="Rollback window (s)", required=False,
                                            help_text="Blue/green only; blank: 600.")
+    auto_promote = forms.BooleanField(label="Promote when the last step passes",
+                                      required=False, initial=True, help_text=(
+        "Canary: unticked, the last step waits for an operator's promote."))
     waves = forms.CharField(required=False, max_length=500, help_text=(
         "Canary only: waves of edge regions, waves split by ';', regions by ',', e.g. "
         "aws:eu-central-1; aws:us-east-1, gcp:europe-west4. Blank: every edge at once."))
@@ -134,6 +137,7 @@ class StartForm(forms.Form):
         return {
             "strategy": data["strategy"], "steps": data["steps"], "bake_s": data["bake_s"],
             "rollback_window_s": data["rollback_window_s"], "waves": data["waves"],
+            "auto_promote": bool(data["auto_promote"]),
             "model": Model.objects.filter(name=data["model"]).first() if data["model"] else None,
             "vllm_version": data["vllm_version"] or None, "engine_args": data["engine_args"],
             "tensor_parallel": data["tensor_parallel"],

@@ -148,14 +148,33 @@ def test_a_canary_within_every_limit_moves_to_the_next_step(rollout, edges):  # 
 
 
 def test_at_100_percent_only_the_absolute_limits_are_judged(rollout, edges):  # type: ignore[no-untyped-def]
+    Rollout.objects.filter(pk=rollout.pk).update(auto_promote=False)
     services.advance(rollout.pk, actor="op")
     services.advance(rollout.pk, actor="op")
     rollout.refresh_from_db()
     assert rollout.weight == 100
     now = bake(rollout, edges, stable=series(), canary=series(ok=100))
+    # Without auto_promote the passed last step waits for an operator.
     assert services.check(now) == {str(rollout.pk): "awaiting_promote"}
+    assert Rollout.objects.get(pk=rollout.pk).state == "running"
     step = RolloutStep.objects.get(rollout=rollout, step=2)
     assert {c["name"] for c in step.analysis["checks"]} == {"error_rate_slo", "ttft_slo"}
+
+
+def test_a_canary_whose_last_step_passes_is_promoted_by_the_analysis(rollout, edges):  # type: ignore[no-untyped-def]
+    assert rollout.auto_promote  # the default
+    services.advance(rollout.pk, actor="op")
+    services.advance(rollout.pk, actor="op")
+    rollout.refresh_from_db()
+    now = bake(rollout, edges, stable=series(), canary=series(ok=100))
+    assert services.check(now) == {str(rollout.pk): "promoted"}
+    rollout.refresh_from_db()
+    assert rollout.state == "promoted" and rollout.ended_by == services.ANALYST
+    assert rollout.reason.startswith("last step passed: ")
+    step = RolloutStep.objects.get(rollout=rollout, step=2)
+    assert step.decision == "promoted" and step.analysis["verdict"] == "pass"
+    assert AuditLog.objects.filter(action="rollout.promoted", actor=services.ANALYST).exists()
+    # A failing last step is rolled back, not promoted: see the tests above (any step fails).
 
 
 def test_too_little_traffic_extends_the_step_then_holds_the_rollout(rollout, edges):  # type: ignore[no-untyped-def]

@@ -89,6 +89,8 @@ def test_one_rollout_in_progress_per_deployment_in_the_database(deployment):  # 
     ({"strategy": "blue_green", "rollback_window_s": 0}, "rollback_window_s"),
     ({"strategy": "blue_green", "rollback_window_s": "600"}, "rollback_window_s"),
     ({"rollback_window_s": 60}, "rollback_window_s"),  # a canary has no window
+    ({"auto_promote": "yes"}, "auto_promote"),
+    ({"auto_promote": 1}, "auto_promote"),
 ])
 def test_bad_input_is_400_naming_the_field(deployment, operator, body, field):  # type: ignore[no-untyped-def]
     response = start(operator, deployment, **body)
