@@ -93,7 +93,7 @@ def batch_settings(settings: Any) -> Any:
     settings.BATCH_BACKOFF_BASE_S = 0.01
     settings.BATCH_BACKOFF_MAX_S = 0.05
     settings.BATCH_MAX_ATTEMPTS = 3
-    settings.BATCH_REQUEST_TIMEOUT_S = 0.5
+    settings.BATCH_REQUEST_TIMEOUT_S = 2.0  # the fake engine answers at once, "slow" after 3 s
     settings.BATCH_CHUNK = 4
     return settings
 
