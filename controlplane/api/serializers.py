@@ -265,12 +265,19 @@ class DeploymentSerializer(_TenantOwned):
         ]
         read_only_fields = ["placement_problem", "placement_problem_since", "created_at",
                             "updated_at"]
+        extra_kwargs = {"max_spot_fraction": {"help_text": (
+            "Share of the replicas that may run on spot capacity (0–1). Default: 1 for the "
+            "batch tier (a reclaimed spot replica's batch lines are claimed again), 0 for "
+            "interactive.")}}
 
     def validate_name(self, value: str) -> str:
         return refuse_numeric_name(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
+        if self.instance is None and "max_spot_fraction" not in attrs:
+            attrs["max_spot_fraction"] = deployment_services.default_spot_fraction(
+                attrs.get("tier", Tier.INTERACTIVE))
         merged = deployment_services.merged_fields(self.instance, attrs)
         errors = admission.deployment_errors(merged)
         if errors:

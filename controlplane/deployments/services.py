@@ -12,6 +12,7 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from controlplane.core.models import Tier
 from controlplane.deployments.models import Deployment, Model, Revision, default_engine
 from regions.services import CatalogError, LoadReport, upsert
 
@@ -30,6 +31,13 @@ _DEFAULTS: dict[str, Any] = {
     "allowed_jurisdictions": [], "user_regions": [], "tenant": None, "warm_pool": 0,
     "name": "", "demand_tokens_per_s": 0.0, "slo_ttft_p95_ms": 1000,
 }
+
+
+def default_spot_fraction(tier: str) -> float:
+    """The share of a new deployment's replicas that may run on spot when none is asked for:
+    all of a batch tier's (a reclaimed spot replica loses no batch work: its lines are
+    claimed again), none of an interactive one's."""
+    return 1.0 if tier == Tier.BATCH else 0.0
 
 
 def mark_unplaceable(reasons: Mapping[int, str]) -> None:
