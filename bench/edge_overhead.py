@@ -10,8 +10,10 @@ a raw asyncio client with keep-alive connections, in this process.
 
 Measured: latency at 1 concurrent request (targets interleaved request by request, so drift
 on a shared machine hits all three alike) and at 32 (rounds alternating between targets);
-requests per second for JSON and streams per second for SSE at 32. "Added" latency is a
-proxy's percentile minus direct's. The edge's table lists two replicas (the same upstream
+requests per second for JSON and streams per second for SSE at 32, and at 32 the CPU each
+proxy process spent per JSON request (the kernel's own count, /proc/<pid>/schedstat: far
+steadier than requests/s on a shared machine, where the load generator and the upstream
+compete for the same cores). "Added" latency is a proxy's percentile minus direct's. The edge's table lists two replicas (the same upstream
 under two ids; `--replicas`), so its whole scheduling pipeline, prefix hashing included, runs
 on every request, as do authentication, the tenant's rate limits, metrics and the access log.
 When the edge's request path is compiled (`tools/build_edge.py`, run by `make setup`), the
@@ -134,7 +136,8 @@ class UpstreamProtocol(asyncio.Protocol):
             if self.transport is None or self.transport.is_closing():
                 return
             self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
-        self.transport.write(b"0\r\n\r\n")
+        if self.transport is not None:
+            self.transport.write(b"0\r\n\r\n")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -205,10 +208,32 @@ def request_bytes(port: int, body: bytes) -> bytes:
             b"content-length: %d\r\n\r\n%s" % (port, API_KEY.encode(), len(body), body))
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time the processes have run, user and kernel, to the nanosecond."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
+def worker_pids(pid: int) -> list[int]:
+    """A process and its children (nginx's workers answer, not its master)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [pid, *(int(c) for c in f.read().split())]
+    except OSError:
+        return [pid]
+
+
 class Target:
-    def __init__(self, name: str, port: int) -> None:
+    def __init__(self, name: str, port: int, pids: list[int] | None = None) -> None:
         self.name = name
         self.port = port
+        self.pids = pids or []  # the proxy's processes, whose CPU per request is measured
         self.json = request_bytes(port, REQUEST_JSON)
         self.sse = request_bytes(port, REQUEST_SSE)
 
@@ -233,6 +258,7 @@ class Result:
         self.completed = 0
         self.errors = 0
         self.seconds = 0.0
+        self.cpu_s = 0.0  # CPU the target's processes spent over the counted seconds
 
     @property
     def rate(self) -> float:
@@ -286,8 +312,10 @@ async def closed_loop(target: Target, concurrency: int, seconds: float, sse: boo
         await conn.request(payload)
     started = time.perf_counter()
     stop_at = started + seconds
+    cpu_before = cpu_seconds(target.pids)
     await asyncio.gather(*(worker(c) for c in conns))
     result.seconds += time.perf_counter() - started
+    result.cpu_s += cpu_seconds(target.pids) - cpu_before
     for conn in conns:
         assert conn.transport is not None
         conn.transport.close()
@@ -380,6 +408,7 @@ def summary(results: dict[str, Result]) -> dict[str, dict[str, float]]:
         "per_s": round(r.rate, 1),
         "requests": r.completed,
         "errors": r.errors,
+        "cpu_us_per_request": round(r.cpu_s / r.completed * 1e6, 2),  # 0: not measured
     } for name, r in results.items() if r.completed}
 
 
@@ -389,10 +418,10 @@ def added(s: dict[str, dict[str, float]], proxy: str, key: str) -> float | None:
     return round(s[proxy][key] - s["direct"][key], 4)
 
 
-def ratio(s: dict[str, dict[str, float]], a: str, b: str) -> float | None:
-    if a not in s or b not in s or not s[b]["per_s"]:
+def ratio(s: dict[str, dict[str, float]], a: str, b: str, key: str = "per_s") -> float | None:
+    if a not in s or b not in s or not s[a].get(key) or not s[b].get(key):
         return None
-    return round(s[a]["per_s"] / s[b]["per_s"], 3)
+    return round(s[a][key] / s[b][key], 3)
 
 
 async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
@@ -432,6 +461,13 @@ async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
         "source_rps_ratio_vs_nginx": ratio(json_c32, "edge-source", "nginx"),
         "source_added_p50_ms_c1": added(json_c1, "edge-source", "p50_ms"),
         "compiled_rps_ratio_vs_source": ratio(json_c32, "edge", "edge-source"),
+        "edge_cpu_us_per_request": json_c32.get("edge", {}).get("cpu_us_per_request") or None,
+        "nginx_cpu_us_per_request": json_c32.get("nginx", {}).get("cpu_us_per_request") or None,
+        "source_cpu_us_per_request": json_c32.get("edge-source", {}).get(
+            "cpu_us_per_request") or None,
+        "cpu_ratio_vs_nginx": ratio(json_c32, "edge", "nginx", "cpu_us_per_request"),
+        "compiled_cpu_ratio_vs_source": ratio(json_c32, "edge", "edge-source",
+                                              "cpu_us_per_request"),
         "errors": errors,
         "detail": {"json_c1": json_c1, "json_c32": json_c32, "sse_c1": sse_c1,
                    "sse_c32": sse_c32},
@@ -477,14 +513,16 @@ def main() -> int:
             ]}, {API_KEY: {"tenant": "bench", "jurisdictions": ["EU"], "rpm": 100_000_000,
                            "tpm": 1_000_000_000, "models": ["*"], "tier": "interactive"}}))
         log(f"edge on {edge.url}, request path {BUILD.detail} (access log {edge.access_log})")
-        targets = [Target("direct", upstream_port), Target("edge", edge.port)]
+        targets = [Target("direct", upstream_port),
+                   Target("edge", edge.port, [edge.process.pid] if edge.process else [])]
         if source_edge is not None:
             log(f"edge-source on {source_edge.url}: the same edge run from source")
-            targets.append(Target("edge-source", source_edge.port))
+            targets.append(Target("edge-source", source_edge.port, [source_edge.process.pid]
+                                  if source_edge.process else []))
         nginx = None if args.no_nginx else start_nginx(upstream_port, workdir)
         if nginx is not None:
             processes.append(nginx[0])
-            targets.append(Target("nginx", nginx[1]))
+            targets.append(Target("nginx", nginx[1], worker_pids(nginx[0].pid)))
             log(f"nginx (1 worker, keep-alive upstream, buffering off) on 127.0.0.1:{nginx[1]}")
         else:
             log("nginx not found (or --no-nginx): no nginx comparison")
