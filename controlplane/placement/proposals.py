@@ -167,24 +167,28 @@ class Additions:
 
 def place_additions(deployment: Deployment, keep: Sequence[Replica], add: int, *,
                     gpu_types: Collection[str] = (), avoid_regions: Collection[str] = (),
-                    lower_spread: bool = False, time_limit_s: float = 5.0) -> Additions:
+                    only_regions: Collection[str] = (), lower_spread: bool = False,
+                    time_limit_s: float = 5.0) -> Additions:
     """The solver's cheapest way to run `add` replicas beside `keep`, which all stay.
 
     The deployment is solved alone for exactly len(kept) + add replicas with no demand of
     its own (more replicas for demand are the plans' job), over the offers of
-    `gpu_types` (all when empty) outside `avoid_regions`; replicas of `keep` on other offers
+    `gpu_types` (all when empty) outside `avoid_regions` (and, when given, inside
+    `only_regions`: the additions go there, the spread rule then counting none beyond them);
+    replicas of `keep` on other offers
     run on but do not count. With `lower_spread`, the spread rule asks for no more regions
     than those left (failover: a lost region is what spread is for). Residency holds as in
     every plan: only offers in the allowed jurisdictions are options.
     """
     options = tuple(o for o in offer_options() if o.region not in avoid_regions
-                    and (not gpu_types or o.gpu.name in gpu_types))
+                    and (not gpu_types or o.gpu.name in gpu_types)
+                    and (not only_regions or o.region in only_regions))
     listed = {o.id for o in options}
     kept = [r for r in keep if r.offer_id in listed]
     total = len(kept) + add
     request = dataclasses.replace(deployment_request(deployment), min_replicas=total,
                                   max_replicas=total, tokens_per_s=0.0)
-    if lower_spread:
+    if lower_spread or only_regions:
         usable = {o.region for o in options if o.jurisdiction in request.allowed_jurisdictions}
         request = dataclasses.replace(
             request, spread_regions=max(1, min(request.spread_regions, len(usable))))

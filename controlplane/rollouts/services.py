@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -37,8 +38,9 @@ from controlplane.rollouts.models import (
     RolloutStep,
     Strategy,
 )
-from controlplane.scaling.autoscaler import place_scale_up, sized_for
+from controlplane.scaling.autoscaler import Placement, place_scale_up, sized_for
 from controlplane.scaling.services import retire_replica
+from controlplane.telemetry.models import ReplicaSample
 from regions.models import GpuType, Region
 
 DEFAULT_STEPS = (5, 25, 50, 100)
@@ -176,13 +178,62 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
                   .exclude(state=ReplicaState.DRAINING)
                   .select_related("region__cloud", "offer__gpu_type"))
     preferred = revision.preferred_gpu_type
-    placement = place_scale_up(sized_for(deployment, revision), active, count,
-                               gpu_types={preferred.name} if preferred is not None else ())
+    gpu_types = {preferred.name} if preferred is not None else set()
+    sized = sized_for(deployment, revision)
+    placement = None
+    # Beside the stable replicas that serve the most, so that the analysis compares the two
+    # revisions at the same network distance from the edges; then anywhere they serve;
+    # then wherever the solver finds room.
+    for regions, where in _canary_regions(deployment, revision, active):
+        placement = place_scale_up(sized, active, count, gpu_types=gpu_types, regions=regions)
+        if placement.slots:
+            placement = Placement(placement.slots, f"{where}: {placement.how}")
+            break
+    assert placement is not None
     made: list[Replica] = []
     for region, offer, spot, n in placement.slots:
         made += request_replicas(deployment, region, n, actor=actor, reason=reason,
                                  spot=spot, offer=offer, revision=revision)
     return made, placement.how
+
+
+# How far back the stable replicas' served requests are counted to find the busiest region.
+BUSIEST_WINDOW = timedelta(minutes=5)
+
+
+def busiest_regions(replicas: Iterable[Replica], now: datetime | None = None) -> list[str]:
+    """The regions (cloud:code) of these replicas, those whose replicas finished the most
+    requests in the last BUSIEST_WINDOW first (the engines' counters, as telemetry stored
+    them); regions without samples last, by replica count."""
+    now = now or timezone.now()
+    served: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for replica in replicas:
+        key = replica.region.key
+        count[key] = count.get(key, 0) + 1
+        rows = ReplicaSample.objects.filter(replica_id=replica.pk, up=True,
+                                            at__gte=now - BUSIEST_WINDOW, at__lte=now)
+        first, last = rows.order_by("at").first(), rows.order_by("-at").first()
+        if first is None or last is None:
+            continue
+        grew = (last.counters.get("requests_ok", 0.0) - first.counters.get("requests_ok", 0.0))
+        served[key] = served.get(key, 0.0) + max(grew, 0.0)
+    return sorted(count, key=lambda key: (-served.get(key, -1.0), -count[key], key))
+
+
+def _canary_regions(deployment: Deployment, revision: Revision,
+                    active: Sequence[Replica]) -> list[tuple[set[str], str]]:
+    """Where to try placing a revision's new replicas, in order."""
+    others = [r for r in active if r.revision_id != revision.pk]
+    ranked = busiest_regions(others)
+    tries: list[tuple[set[str], str]] = []
+    if ranked:
+        tries.append(({ranked[0]}, f"beside the busiest stable replicas ({ranked[0]})"))
+    if len(ranked) > 1:
+        tries.append((set(ranked), "beside stable replicas"))
+    tries.append((set(), "where the solver found room (no stable region had any)"
+                  if ranked else "where the solver found room"))
+    return tries
 
 
 def _retire(replicas: Iterable[Replica], *, actor: str, reason: str) -> list[Replica]:

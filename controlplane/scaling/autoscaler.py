@@ -380,25 +380,27 @@ class Placement:
 
 
 def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int,
-                   gpu_types: Collection[str] = ()) -> Placement:
+                   gpu_types: Collection[str] = (), regions: Collection[str] = ()) -> Placement:
     """Where `add` new replicas go: the solver's cheapest plan that keeps every running
     replica; else beside the running ones; never outside the allowed jurisdictions or
-    quota. `gpu_types`: only these (a revision's preferred GPU type), else those running."""
+    quota. `gpu_types`: only these (a revision's preferred GPU type), else those running;
+    `regions` (cloud:code), when given: only there."""
     # New replicas are on the GPU type already running (or, from zero, last run): the
     # in-flight target is per replica, so the fleet stays uniform. Every replica runs the
     # deployment's one engine (TP × PP) whatever the node size, and the solver offers only
     # nodes that hold it, so the node size is the solver's to choose.
     placed = place_additions(deployment, active, add,
                              gpu_types=set(gpu_types) or _replica_kinds(deployment, active),
-                             time_limit_s=SOLVER_TIME_LIMIT_S)
+                             only_regions=regions, time_limit_s=SOLVER_TIME_LIMIT_S)
     if placed.slots:
         return Placement([(o.region, o, spot, n) for o, spot, n in placed.slots],
                          f"solver: {', '.join(f'{n} × {o}' for o, _, n in placed.slots)} "
                          f"(${placed.result.cost_after_usd_h:.2f}/h after)")
     result = placed.result
     why = "; ".join(result.explanation) or f"solver status {result.status}"
-    beside = [r for r in active if not gpu_types
-              or (r.offer is not None and r.offer.gpu_type.name in gpu_types)]
+    beside = [r for r in active if (not gpu_types
+              or (r.offer is not None and r.offer.gpu_type.name in gpu_types))
+              and (not regions or r.region.key in regions)]
     return _beside_running(deployment, beside, add, quota_left([deployment.pk]),
                            f"solver found no plan ({why})")
 

@@ -88,3 +88,31 @@ def test_a_canary_without_quota_waits_and_says_why(deployment, catalog):  # type
     assert services.check() == {str(rollout.pk): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 10
+
+
+@pytest.mark.parametrize("busy", ["fra", "ams"])
+def test_a_canary_goes_beside_the_stable_replicas_that_serve_the_most(  # type: ignore[no-untyped-def]
+        deployment, catalog, busy):
+    """The analysis compares the revisions through the same edges: a canary far from the
+    stable replicas those edges use would be judged on the network distance too."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.telemetry.models import ReplicaSample
+
+    ams = Offer.objects.get(region=catalog["ams"], gpu_type=catalog["h100"])
+    Replica.objects.create(deployment=deployment, region=catalog["ams"], offer=ams,
+                           state=S.READY, url="http://10.0.4.9:8000")
+    now = timezone.now()
+    for replica in Replica.objects.filter(deployment=deployment):
+        served = 500.0 if replica.region == catalog[busy] else 5.0
+        for at, done in ((now - timedelta(minutes=2), 100.0), (now, 100.0 + served)):
+            ReplicaSample.objects.create(replica=replica, at=at,
+                                         counters={"requests_ok": done})
+    rollout = services.start(deployment, actor="op", steps=[25, 100], bake_s=60)
+    (canary,) = Replica.objects.filter(revision=rollout.to_revision)
+    assert canary.region == catalog[busy]
+    assert services.busiest_regions(
+        Replica.objects.filter(deployment=deployment, revision__isnull=True))[0] == \
+        catalog[busy].key
