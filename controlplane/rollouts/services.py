@@ -17,7 +17,8 @@ time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -166,7 +167,7 @@ def _stable_serving(rollout: Rollout) -> list[Replica]:
 
 
 def place_revision(deployment: Deployment, revision: Revision, count: int, *, actor: str,
-                   reason: str) -> tuple[list[Replica], str]:
+                   reason: str, regions: Collection[str] = ()) -> tuple[list[Replica], str]:
     """`count` replicas of `revision`, placed as the autoscaler places a scale-up
     (`scaling.autoscaler.place_scale_up`): the solver's cheapest plan that keeps every
     running replica, within the allowed jurisdictions and quota, on the revision's preferred
@@ -184,8 +185,11 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
     # Beside the stable replicas that serve the most, so that the analysis compares the two
     # revisions at the same network distance from the edges; then anywhere they serve;
     # then wherever the solver finds room.
-    for regions, where in _canary_regions(deployment, revision, active):
-        placement = place_scale_up(sized, active, count, gpu_types=gpu_types, regions=regions)
+    tries = ([(set(regions), f"in {', '.join(sorted(regions))}"),
+              (set(), "where the solver found room")] if regions
+             else _canary_regions(deployment, revision, active))
+    for where_to, where in tries:
+        placement = place_scale_up(sized, active, count, gpu_types=gpu_types, regions=where_to)
         if placement.slots:
             placement = Placement(placement.slots, f"{where}: {placement.how}")
             break
@@ -271,10 +275,28 @@ def finish_promotion(rollout: Rollout, actor: str) -> tuple[list[Replica] | None
     waits). The caller holds the rollout's row lock."""
     wanted = rollout.replicas_wanted or 0
     new = _new_fleet(rollout)
-    made, how = place_revision(
-        rollout.deployment, rollout.to_revision, wanted - new.count(), actor=actor,
-        reason=f"rollout {rollout.pk} promoted: revision {rollout.to_revision.number} "
-               f"replaces the old revision's replicas")
+    reason = (f"rollout {rollout.pk} promoted: revision {rollout.to_revision.number} "
+              f"replaces the old revision's replicas")
+    # Where the old revision ran first, region for region, so its users keep their
+    # distance to a replica; what no such region takes, wherever the solver finds room.
+    missing = wanted - new.count()
+    made: list[Replica] = []
+    hows: list[str] = []
+    have = Counter(r.region.key for r in new.select_related("region__cloud"))
+    for key, n in sorted(Counter(r.region.key for r in _old_fleet(rollout)
+                                 .select_related("region__cloud")).items()):
+        short = min(n - have[key], missing - len(made))
+        if short > 0:
+            placed, how = place_revision(rollout.deployment, rollout.to_revision, short,
+                                         actor=actor, reason=reason, regions={key})
+            made += placed
+            hows += [how] if how else []
+    if missing - len(made) > 0:
+        placed, how = place_revision(rollout.deployment, rollout.to_revision,
+                                     missing - len(made), actor=actor, reason=reason)
+        made += placed
+        hows += [how] if how else []
+    how = "; ".join(hows)
     serving = new.filter(state__in=SERVING_STATES).count()
     if serving < wanted:
         why = (f"waiting for {wanted} replicas of revision {rollout.to_revision.number} to "

@@ -162,3 +162,21 @@ def test_the_rollout_page_says_whether_the_old_revision_is_retired(deployment): 
     services.check()
     html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "were retired" in html and "once 2 of revision 2" in html
+
+
+def test_the_new_revision_takes_the_old_ones_regions_region_for_region(  # type: ignore[no-untyped-def]
+        deployment, catalog):
+    """Two stable replicas in Frankfurt, one in Eemshaven: promoted early, with its one
+    canary in Frankfurt, the two replicas it lacks go where the old ones ran (one each in
+    Frankfurt and Eemshaven), not wherever is cheapest, so users keep their distance."""
+    ams = Offer.objects.get(region=catalog["ams"], gpu_type=catalog["h100"])
+    Replica.objects.create(deployment=deployment, region=catalog["ams"], offer=ams,
+                           state=S.READY, url="http://10.0.1.9:8000")
+    rollout = services.start(deployment, actor="op", steps=[25, 100], bake_s=60)
+    (canary,) = Replica.objects.filter(revision=rollout.to_revision)
+    serve(Replica.objects.filter(pk=canary.pk))
+    services.promote(rollout.pk, actor="op")
+    new = Replica.objects.filter(deployment=deployment).exclude(
+        revision=rollout.from_revision).exclude(pk=canary.pk)
+    assert sorted(r.region.key for r in [canary, *new]) == sorted(
+        [catalog["fra"].key, catalog["fra"].key, catalog["ams"].key])
