@@ -205,35 +205,43 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
 BUSIEST_WINDOW = timedelta(minutes=5)
 
 
-def busiest_regions(replicas: Iterable[Replica], now: datetime | None = None) -> list[str]:
-    """The regions (cloud:code) of these replicas, those whose replicas finished the most
-    requests in the last BUSIEST_WINDOW first (the engines' counters, as telemetry stored
-    them); regions without samples last, by replica count."""
+def served_by_region(replicas: Iterable[Replica],
+                     now: datetime | None = None) -> dict[str, float]:
+    """Requests these replicas finished in the last BUSIEST_WINDOW, by region (cloud:code),
+    from the engines' counters as telemetry stored them; 0 for a region without samples."""
     now = now or timezone.now()
     served: dict[str, float] = {}
-    count: dict[str, int] = {}
     for replica in replicas:
         key = replica.region.key
-        count[key] = count.get(key, 0) + 1
+        served.setdefault(key, 0.0)
         rows = ReplicaSample.objects.filter(replica_id=replica.pk, up=True,
                                             at__gte=now - BUSIEST_WINDOW, at__lte=now)
         first, last = rows.order_by("at").first(), rows.order_by("-at").first()
-        if first is None or last is None:
-            continue
-        grew = (last.counters.get("requests_ok", 0.0) - first.counters.get("requests_ok", 0.0))
-        served[key] = served.get(key, 0.0) + max(grew, 0.0)
-    return sorted(count, key=lambda key: (-served.get(key, -1.0), -count[key], key))
+        if first is not None and last is not None:
+            grew = (last.counters.get("requests_ok", 0.0)
+                    - first.counters.get("requests_ok", 0.0))
+            served[key] += max(grew, 0.0)
+    return served
+
+
+def busiest_regions(replicas: Iterable[Replica], now: datetime | None = None) -> list[str]:
+    """The regions of these replicas, those that served the most first (`served_by_region`),
+    ties by name."""
+    served = served_by_region(replicas, now)
+    return sorted(served, key=lambda key: (-served[key], key))
 
 
 def _canary_regions(deployment: Deployment, revision: Revision,
                     active: Sequence[Replica]) -> list[tuple[set[str], str]]:
-    """Where to try placing a revision's new replicas, in order."""
-    others = [r for r in active if r.revision_id != revision.pk]
-    ranked = busiest_regions(others)
+    """Where to try placing a revision's new replicas, in order: the region whose stable
+    replicas served the most, when one did; any region with stable replicas (the solver's
+    cheapest of them); anywhere."""
+    served = served_by_region(r for r in active if r.revision_id != revision.pk)
+    ranked = sorted(served, key=lambda key: (-served[key], key))
     tries: list[tuple[set[str], str]] = []
-    if ranked:
+    if ranked and served[ranked[0]] > (served[ranked[1]] if len(ranked) > 1 else -1.0):
         tries.append(({ranked[0]}, f"beside the busiest stable replicas ({ranked[0]})"))
-    if len(ranked) > 1:
+    if ranked:
         tries.append((set(ranked), "beside stable replicas"))
     tries.append((set(), "where the solver found room (no stable region had any)"
                   if ranked else "where the solver found room"))
