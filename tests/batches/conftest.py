@@ -7,10 +7,12 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from tests.local_http import LocalServer
 
 
 class FakeEngine:
@@ -61,19 +63,15 @@ class FakeEngine:
                 except OSError:
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.http = LocalServer(Handler)
+        self.url = self.http.url
 
     def prompts(self) -> list[str]:
         with self.lock:
             return [_prompt(r["body"]) for r in self.requests]
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 def _prompt(body: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchLine
 from controlplane.core.models import Tier
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
+from tests.local_http import LocalServer, send_json
 
 from .conftest import FakeEngine, drive, jsonl, line
 from .test_batch_api import client, create, output_lines, upload
@@ -41,12 +42,7 @@ class PoolEdge:
                 pass
 
             def answer(self, status: int, document: dict[str, Any]) -> None:
-                raw = json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                send_json(self, status, document)
 
             def do_GET(self) -> None:  # noqa: N802
                 self.answer(200, {"object": "list", "data": []})
@@ -65,14 +61,11 @@ class PoolEdge:
                                   "usage": {"prompt_tokens": 3, "completion_tokens": 2,
                                             "total_tokens": 5}})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.http = LocalServer(Handler)
+        self.url = self.http.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchLine, LineState
 from controlplane.batches.runner_key import key_name, runner_secret
 from controlplane.core.models import ApiKey
+from tests.local_http import LocalServer, send_json
 
 from .conftest import drive, jsonl, line
 from .test_batch_api import client, create, upload
@@ -40,12 +41,7 @@ class FakeEdge:
                 pass
 
             def answer(self, status: int, document: dict[str, Any]) -> None:
-                raw = json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
+                send_json(self, status, document)
 
             def do_GET(self) -> None:  # noqa: N802
                 key = self.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -75,14 +71,11 @@ class FakeEdge:
                                   "usage": {"prompt_tokens": 3, "completion_tokens": 2,
                                             "total_tokens": 5}})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.http = LocalServer(Handler)
+        self.url = self.http.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from django.utils import timezone
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning.local import free_port
+from tests.local_http import LocalServer
 from tests.provisioning.conftest import (  # noqa: F401 (the local provider's fixtures)
     enginesim,
     lab_regions,
@@ -40,14 +40,11 @@ class Engine:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.http = LocalServer(Handler)
+        self.url = self.http.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture
