@@ -25,6 +25,7 @@ PAGES = (  # name, path, what to wait for
     ("costs", "/costs/?period=24h", "main h1"),
     ("alerts", "/alerts/", "main h1"),
     ("batches", "/batches/", "#batch-table table"),
+    ("rollouts", "/rollouts/", "main h1"),
 )
 
 
@@ -51,12 +52,17 @@ def main() -> int:
             page.goto(args.base + path, wait_until="load")
             page.wait_for_selector(ready, state="attached", timeout=15_000)
             page.wait_for_timeout(800)  # let plotly finish its transitions
-            if name == "plans":  # the newest plan's diff says more than the list
-                link = page.locator("table a[href*='/plans/']").first
+            # The newest plan's diff and rollout's timeline say more than their lists.
+            newest = {"plans": ("table a[href*='/plans/']", "plan"),
+                      "rollouts": ("table a[href*='/rollouts/']", "rollout")}
+            if name in newest:
+                selector, name_of_one = newest[name]
+                link = page.locator(selector).first
                 if link.count():
                     link.click()
                     page.wait_for_load_state("load")
-                    name = "plan"
+                    page.wait_for_timeout(800)
+                    name = name_of_one
             target = args.out / f"{name}.png"
             page.screenshot(path=str(target), full_page=False)
             print(f"saved {target.relative_to(REPO) if target.is_relative_to(REPO) else target}",
