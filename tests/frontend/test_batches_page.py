@@ -72,6 +72,7 @@ def test_the_list_shows_each_batch_with_its_progress_counts_tokens_and_eta(
     assert f"{done.completed_at:%b} {done.completed_at.day}" in finished
     # While a batch runs, the table refreshes every 2 s.
     assert 'id="batch-table"' in body and 'hx-trigger="every 2s"' in body
+    assert ">2 batches<" in body
 
 
 def test_the_eta_is_unknown_until_a_line_finishes(signed_in: Any, tenants: Any) -> None:
