@@ -13,6 +13,7 @@ from controlplane.api import (
     views,
 )
 from controlplane.api.alert_views import AlertRulesView, AlertViewSet
+from controlplane.api.batch_operator_views import BatchViewSet
 from controlplane.api.rollout_views import RolloutViewSet
 from controlplane.api.scaling_views import ScalingDecisionViewSet
 
@@ -41,6 +42,7 @@ router.register("incidents", failover_views.IncidentViewSet)
 router.register("region-health", failover_views.RegionHealthViewSet)
 router.register("scaling-decisions", ScalingDecisionViewSet)
 router.register("rollouts", RolloutViewSet)
+router.register("batches", BatchViewSet)
 
 urlpatterns = [
     path("status/", views.StatusView.as_view(), name="status"),
