@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import socket
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from edge.server import Edge, EdgeConfig
 from edge.table import canonical_bytes, sign_table
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 
 
 def signed_body(table: Mapping[str, Any], key: Ed25519PrivateKey) -> bytes:
@@ -98,3 +102,54 @@ async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+def enginesim_command(port: int, host: str = "127.0.0.1",
+                      profile: str = "llama-8b-h100") -> list[str]:
+    """enginesim through its command line, the contract it shares with `vllm serve`."""
+    return [sys.executable, "-m", "enginesim", "--host", host, "--port", str(port),
+            "--model", "sim", "--profile", profile]
+
+
+def enginesim_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def start_enginesim(port: int, profile: str = "llama-8b-h100") -> subprocess.Popen[bytes]:
+    return subprocess.Popen(enginesim_command(port, profile=profile), cwd=REPO,
+                            env=enginesim_env(), stderr=subprocess.DEVNULL,
+                            preexec_fn=die_with_parent())
+
+
+def health_answers(url: str) -> bool:
+    """True when `url`/health answers at all."""
+    try:
+        urllib.request.urlopen(url + "/health", timeout=1).read()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def enginesims(count: int) -> Iterator[list[int]]:
+    """`count` enginesim processes on loopback, each answering /health; killed at the end."""
+    ports = [free_port() for _ in range(count)]
+    processes = [start_enginesim(port) for port in ports]
+    try:
+        for port in ports:
+            asyncio.run(wait_until(lambda port=port: health_answers(
+                f"http://127.0.0.1:{port}"), timeout_s=20))
+        yield ports
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def post_json(port: int, path: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+

@@ -6,42 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httptools
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from controlplane.lab.processes import die_with_parent
-
 from .conftest import API_KEY, TableFactory, replica
-from .helpers import free_port, running_edge, wait_until
+from .helpers import (
+    enginesims,
+    free_port,
+    health_answers,
+    post_json,
+    running_edge,
+    start_enginesim,
+    wait_until,
+)
 
 pytest.importorskip("enginesim")
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def start_enginesim(port: int, profile: str = "llama-8b-h100") -> subprocess.Popen[bytes]:
-    """enginesim through its command line, the contract it shares with `vllm serve`."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "enginesim", "--port", str(port), "--model", "sim",
-         "--profile", profile], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
-
 
 @pytest.fixture(scope="module")
 def enginesim_port() -> Iterator[int]:
     port = free_port()
     process = start_enginesim(port)
     try:
-        asyncio.run(wait_until(lambda: _answers(port), timeout_s=20))
+        asyncio.run(wait_until(lambda: health_answers(f"http://127.0.0.1:{port}"),
+                               timeout_s=20))
         yield port
     finally:
         process.kill()
@@ -132,7 +124,8 @@ def test_an_enginesim_that_dies_mid_request_costs_no_client_an_error(
     try:
         async def scenario() -> None:
             for port in ports:
-                await wait_until(lambda port=port: _answers(port), timeout_s=20)
+                await wait_until(lambda port=port: health_answers(
+                    f"http://127.0.0.1:{port}"), timeout_s=20)
             table = make_table(models={"sim": [
                 replica("dies", f"http://127.0.0.1:{ports[0]}"),
                 replica("lives", f"http://127.0.0.1:{ports[1]}")]},
@@ -166,34 +159,10 @@ def test_an_enginesim_that_dies_mid_request_costs_no_client_an_error(
             process.wait()
 
 
-def _answers(port: int) -> bool:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def enginesim_pair() -> Iterator[list[int]]:
-    ports = [free_port(), free_port()]
-    processes = [start_enginesim(port) for port in ports]
-    try:
-        for port in ports:
-            asyncio.run(wait_until(lambda port=port: _answers(port), timeout_s=20))
+    with enginesims(2) as ports:
         yield ports
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
-
-
-def _post(port: int, path: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
-                                     data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
 
 
 @pytest.mark.parametrize("fault", ["reset", "eof", "error_event", "stall"])
@@ -204,9 +173,9 @@ def test_a_stream_cut_by_an_enginesim_fault_continues_on_the_other_as_the_same_a
     temperature 0 would: the resumed stream is the uninterrupted answer, token for token."""
     faulty, healthy = enginesim_pair
     messages = [{"role": "user", "content": f"the {fault} question"}]
-    whole = _post(healthy, "/v1/chat/completions",
+    whole = post_json(healthy, "/v1/chat/completions",
                   {"model": "sim", "messages": messages, "max_tokens": 60})
-    _post(faulty, "/sim/faults", {"mode": fault, "after_tokens": 7})
+    post_json(faulty, "/sim/faults", {"mode": fault, "after_tokens": 7})
     try:
         async def scenario() -> None:
             table = make_table(models={"sim": [
@@ -235,4 +204,4 @@ def test_a_stream_cut_by_an_enginesim_fault_continues_on_the_other_as_the_same_a
 
         asyncio.run(scenario())
     finally:
-        _post(faulty, "/sim/faults", {"mode": "none"})
+        post_json(faulty, "/sim/faults", {"mode": "none"})

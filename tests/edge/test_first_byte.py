@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,38 +22,31 @@ from controlplane.lab.processes import die_with_parent
 from edge.table import TableError, parse_table
 
 from .conftest import TableFactory, replica
-from .helpers import free_port, running_edge, wait_until
-from .test_enginesim import ROOT, _answers, start_enginesim
+from .helpers import (
+    REPO,
+    enginesim_command,
+    enginesim_env,
+    enginesims,
+    free_port,
+    health_answers,
+    post_json,
+    running_edge,
+    wait_until,
+)
 
 LIMIT = {"first_byte_timeout_s": 1.0, "eject_after_failures": 1, "eject_base_s": 30.0,
          "stream_stall_s": 0.5}
 
 
-def _post(port: int, path: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
-                                     data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
 def _fault(port: int, **fault: Any) -> None:
-    _post(port, "/sim/faults", fault)
+    post_json(port, "/sim/faults", fault)
 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[list[int]]:
     """Two enginesim processes: [the one that will hang, a healthy one]."""
-    ports = [free_port(), free_port()]
-    processes = [start_enginesim(port) for port in ports]
-    try:
-        for port in ports:
-            asyncio.run(wait_until(lambda port=port: _answers(port), timeout_s=20))
+    with enginesims(2) as ports:
         yield ports
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture
@@ -90,7 +80,7 @@ def test_a_hung_engine_costs_no_request_its_answer_and_is_ejected(
         hung: list[int]) -> None:
     healthy = hung[1]
     messages = [{"role": "user", "content": "a question for a hung engine"}]
-    whole = _post(healthy, "/v1/chat/completions",
+    whole = post_json(healthy, "/v1/chat/completions",
                   {"model": "sim", "messages": messages, "max_tokens": 30})
 
     async def scenario() -> None:
@@ -141,7 +131,7 @@ def test_streams_under_way_when_the_engine_hangs_are_resumed_elsewhere_whole(
     """After bytes reached the client, the stall timeout and resumption take over."""
     faulty, healthy = engines
     messages = [{"role": "user", "content": "a long answer, please"}]
-    whole = _post(healthy, "/v1/chat/completions",
+    whole = post_json(healthy, "/v1/chat/completions",
                   {"model": "sim", "messages": messages, "max_tokens": 300})
 
     async def scenario() -> None:
@@ -216,12 +206,12 @@ def test_a_pooled_connection_that_times_out_sends_the_request_elsewhere_at_once(
     region = netns_lab.region()
     port = free_port()
     far_url = f"http://{region.address}:{port}"
-    far = region.popen([sys.executable, "-m", "enginesim", "--host", region.address, "--port",
-                        str(port), "--model", "sim"], cwd=ROOT, stderr=subprocess.DEVNULL,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=die_with_parent())
+    far = region.popen(enginesim_command(port, host=region.address), cwd=REPO,
+                       stderr=subprocess.DEVNULL, env=enginesim_env(),
+                       preexec_fn=die_with_parent())
     try:
         async def scenario() -> None:
-            await wait_until(lambda: _answers_at(far_url), timeout_s=30)
+            await wait_until(lambda: health_answers(far_url), timeout_s=30)
             table = make_table(models={"sim": [
                 replica("far", far_url, rtt_ms=1),
                 replica("near", f"http://127.0.0.1:{engines[1]}", rtt_ms=90)]},
@@ -242,11 +232,3 @@ def test_a_pooled_connection_that_times_out_sends_the_request_elsewhere_at_once(
     finally:
         far.kill()
         far.wait()
-
-
-def _answers_at(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url + "/health", timeout=1).read()
-        return True
-    except OSError:
-        return False
