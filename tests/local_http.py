@@ -24,6 +24,16 @@ class LocalServer:
         self.server.server_close()
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler that logs nothing and answers JSON with `answer`."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def answer(self, status: int, document: Any) -> None:
+        send_json(self, status, document)
+
+
 def send_json(handler: BaseHTTPRequestHandler, status: int, document: Any) -> None:
     raw = json.dumps(document).encode()
     handler.send_response(status)

@@ -7,12 +7,11 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
-from tests.local_http import LocalServer
+from tests.local_http import LocalServer, QuietHandler
 
 
 class FakeEngine:
@@ -25,10 +24,7 @@ class FakeEngine:
         self.lock = threading.Lock()
         engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 prompt = body["messages"][-1]["content"] if "messages" in body else body["prompt"]

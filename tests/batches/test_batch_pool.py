@@ -9,7 +9,6 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchLine
 from controlplane.core.models import Tier
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
-from tests.local_http import LocalServer, send_json
+from tests.local_http import LocalServer, QuietHandler
 
 from .conftest import FakeEngine, drive, jsonl, line
 from .test_batch_api import client, create, output_lines, upload
@@ -37,13 +36,7 @@ class PoolEdge:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def answer(self, status: int, document: dict[str, Any]) -> None:
-                send_json(self, status, document)
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 self.answer(200, {"object": "list", "data": []})
 

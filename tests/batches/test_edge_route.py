@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from controlplane.batches import services
 from controlplane.batches.models import Batch, BatchLine, LineState
 from controlplane.batches.runner_key import key_name, runner_secret
 from controlplane.core.models import ApiKey
-from tests.local_http import LocalServer, send_json
+from tests.local_http import LocalServer, QuietHandler
 
 from .conftest import drive, jsonl, line
 from .test_batch_api import client, create, upload
@@ -36,13 +35,7 @@ class FakeEdge:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def answer(self, status: int, document: dict[str, Any]) -> None:
-                send_json(self, status, document)
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 key = self.headers.get("Authorization", "").removeprefix("Bearer ")
                 if key not in fake.known:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from django.utils import timezone
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning.local import free_port
-from tests.local_http import LocalServer
+from tests.local_http import LocalServer, QuietHandler
 from tests.provisioning.conftest import (  # noqa: F401 (the local provider's fixtures)
     enginesim,
     lab_regions,
@@ -30,15 +29,12 @@ class Engine:
         self.mode = "ok"
         engine = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 if engine.mode == "slow":
                     time.sleep(1.0)
                 self.send_response(200 if engine.mode != "error" else 500)
                 self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
 
         self.http = LocalServer(Handler)
         self.url = self.http.url
