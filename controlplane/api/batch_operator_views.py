@@ -94,8 +94,9 @@ class BatchViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
         return BatchDetailSerializer if self.action == "retrieve" else BatchSerializer
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
-        rows = list(page if page is not None else self.filter_queryset(self.get_queryset()))
+        batches = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(batches)
+        rows = list(page if page is not None else batches)
         context = {**self.get_serializer_context(), "progress": progress.progress_of(rows)}
         data = BatchSerializer(rows, many=True, context=context).data
         return self.get_paginated_response(data) if page is not None else Response(data)

@@ -224,13 +224,6 @@ def served_by_region(replicas: Iterable[Replica],
     return served
 
 
-def busiest_regions(replicas: Iterable[Replica], now: datetime | None = None) -> list[str]:
-    """The regions of these replicas, those that served the most first (`served_by_region`),
-    ties by name."""
-    served = served_by_region(replicas, now)
-    return sorted(served, key=lambda key: (-served[key], key))
-
-
 def _canary_regions(deployment: Deployment, revision: Revision,
                     active: Sequence[Replica]) -> list[tuple[set[str], str]]:
     """Where to try placing a revision's new replicas, in order: the region whose stable
@@ -721,21 +714,22 @@ def check(now: Any = None) -> dict[str, str]:
             elif not _at_last_step(rollout):
                 advance(rollout.pk, actor=ANALYST, reason=why, figures=figures)
                 done[str(rollout.pk)] = "advanced"
-            elif rollout.strategy == Strategy.BLUE_GREEN:
-                RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
-                if (now - step.ready_at).total_seconds() >= rollout.rollback_window_s:
-                    promote(rollout.pk, actor=ANALYST, reason=f"rollback window of "
-                            f"{rollout.rollback_window_s} s passed: {why}")
-                    done[str(rollout.pk)] = "promoted"
-                else:
-                    done[str(rollout.pk)] = "in_window"
-            elif rollout.auto_promote:
-                RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
-                promote(rollout.pk, actor=ANALYST, reason=f"last step passed: {why}")
-                done[str(rollout.pk)] = "promoted"
             else:
+                # The last step passed: its figures kept on it, then promoted when its time
+                # has come (blue/green: its rollback window over) and promotion is automatic.
                 RolloutStep.objects.filter(pk=step.pk).update(analysis=figures)
-                done[str(rollout.pk)] = "awaiting_promote"
+                if rollout.strategy == Strategy.BLUE_GREEN:
+                    if (now - step.ready_at).total_seconds() < rollout.rollback_window_s:
+                        done[str(rollout.pk)] = "in_window"
+                        continue
+                    reason = f"rollback window of {rollout.rollback_window_s} s passed: {why}"
+                elif rollout.auto_promote:
+                    reason = f"last step passed: {why}"
+                else:
+                    done[str(rollout.pk)] = "awaiting_promote"
+                    continue
+                promote(rollout.pk, actor=ANALYST, reason=reason)
+                done[str(rollout.pk)] = "promoted"
         except RolloutStateError:
             done[str(rollout.pk)] = "moved"  # an operator acted meanwhile
     return done
