@@ -9,6 +9,7 @@ as a sentence instead of an assertion on a bare `False`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -32,17 +33,38 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
     starts). The predicate is always tried once more after the deadline, so a slow machine
     that makes the last sleep overshoot does not fail a wait whose evidence has arrived."""
     deadline = time.monotonic() + timeout_s
-    last: object = None
     while True:
         expired = time.monotonic() >= deadline
-        try:
-            value = predicate()
-        except ignore as exc:
-            last = exc
-        else:
-            if value:
-                return value
-            last = value
+        value, last = _try(predicate, ignore)
+        if value is not None:
+            return value
         if expired:
             raise WaitTimeout(what, timeout_s, last)
         time.sleep(max(0.0, min(every_s, deadline - time.monotonic())))
+
+
+async def wait_until_async(predicate: Callable[[], T], timeout_s: float, what: str,
+                           every_s: float = 0.02,
+                           ignore: tuple[type[BaseException], ...] = ()) -> T:
+    """`wait_until` inside an event loop: the loop runs (the edge, a fake engine) between
+    tries, so a predicate on state that other tasks change sees them change."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        expired = time.monotonic() >= deadline
+        value, last = _try(predicate, ignore)
+        if value is not None:
+            return value
+        if expired:
+            raise WaitTimeout(what, timeout_s, last)
+        await asyncio.sleep(max(0.0, min(every_s, deadline - time.monotonic())))
+
+
+def _try(predicate: Callable[[], T],
+         ignore: tuple[type[BaseException], ...]) -> tuple[T | None, object]:
+    """(its value, None) when the predicate answers truthy, else (None, what it answered or
+    raised)."""
+    try:
+        value = predicate()
+    except ignore as exc:
+        return None, exc
+    return (value, None) if value else (None, value)
