@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-import time
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,16 +23,19 @@ from tests.provisioning.conftest import (  # noqa: F401 (the local provider's fi
 
 
 class Engine:
-    """A /health endpoint on a real port whose answer a test switches: ok, slow or gone."""
+    """A /health endpoint on a real port whose answer a test switches: ok, slow or gone. A
+    slow one answers only once closed, so no probe timeout can be long enough to see it
+    answer, however loaded the machine."""
 
     def __init__(self) -> None:
         self.mode = "ok"
+        self.released = threading.Event()
         engine = self
 
         class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 if engine.mode == "slow":
-                    time.sleep(1.0)
+                    engine.released.wait(60)
                 self.send_response(200 if engine.mode != "error" else 500)
                 self.end_headers()
 
@@ -40,6 +43,7 @@ class Engine:
         self.url = self.http.url
 
     def close(self) -> None:
+        self.released.set()
         self.http.close()
 
 
