@@ -97,6 +97,11 @@ class Deployment(models.Model):
     )
     max_model_len = models.PositiveIntegerField(default=8192, validators=[MinValueValidator(16)])
     enable_prefix_caching = models.BooleanField(default=True)
+    shared_prefix_cache = models.BooleanField(
+        default=False, help_text=(
+            "Let every tenant's requests share this shared deployment's prefix cache (for "
+            "platform-wide system prompts). Off: the edges salt each request's cache with its "
+            "tenant's cache_salt, so no tenant can find another's prompt in it."))
     engine = models.CharField(
         max_length=16, choices=Engine.choices, default=default_engine,
         help_text="What serves it: a real vLLM, or enginesim (the simulator, local regions "
