@@ -162,3 +162,38 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.at:%H:%M:%S}"
+
+
+class Certificate(models.Model):
+    """One certificate the engine CA issued (`controlplane.core.ca`): never its key.
+
+    `subject` names what holds it (`replica:r-12`, `edge:edge-eu`, `scraper:prometheus`);
+    `install_dir`, where set, is where its files live, and renewal rewrites them there.
+    A revoked certificate is refused by the control plane from then on and listed in every
+    routing table, so edges refuse it too.
+    """
+
+    class Kind(models.TextChoices):
+        SERVER = "server", "Server (a replica's engine)"
+        CLIENT = "client", "Client (an edge or a scraper)"
+
+    subject = models.CharField(max_length=100, db_index=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    serial = models.CharField(max_length=40, unique=True)
+    common_name = models.CharField(max_length=64)
+    addresses = models.JSONField(default=list, blank=True)
+    not_before = models.DateTimeField()
+    not_after = models.DateTimeField(db_index=True)
+    pem = models.TextField()
+    install_dir = models.CharField(max_length=500, blank=True)
+    renewed_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    revoked_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["subject", "-not_after"]
+
+    def __str__(self) -> str:
+        return f"{self.subject} {self.kind} {self.serial[:12]}"

@@ -31,6 +31,7 @@ LOCKED: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "plans.resume_applying": ("plans.resume_applying", lambda r: r == {"skipped": 1}),
     "batches.sweep": ("batches.sweep", lambda r: r == {"skipped": 1}),
     "rollouts.check": ("rollouts.check", lambda r: r == {"skipped": 1}),
+    "core.renew_certificates": ("core.renew_certificates", lambda r: r == {"skipped": 1}),
 }
 # Idempotent by nature: a tick is a timestamp; prices are an upsert of the same rows.
 UNLOCKED = {"core.beat_tick", "regions.refresh_offers"}
