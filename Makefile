@@ -11,6 +11,8 @@ EDGE_BUILD := edge/_build/stamp.json
 .PHONY: setup engine up test test-fast lint bench clean edge-native edge-pure
 # `make up ENGINE=vllm` runs real vLLM engines (CPU build) instead of enginesim.
 ENGINE ?= enginesim
+# The lab and the tests run in lab mode (lab-only secrets, plain HTTP); production is the default.
+up test test-fast bench: export MERIDIAN_LAB = 1
 
 setup: $(STAMP) $(EDGE_BUILD)
 	@sh tools/ensure_prometheus.sh

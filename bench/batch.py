@@ -62,11 +62,22 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import openai  # noqa: E402
-from failover import Lab, Load, api, p95, start_lab, stop_lab, wait_ready  # noqa: E402
+from failover import Load, p95  # noqa: E402
+
+from controlplane.lab.child_lab import Lab, api, running_lab, wait_ready  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 EDGE_REGION = "local:eu-frankfurt"  # the lab's first edge: where batch workers send lines
 LEASE_S, REQUEST_TIMEOUT_S = 12, 10
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "status", "lines", "completed", "failed", "lost",
+               "duplicated", "interactive_ttft_p95_ratio", "interactive_ttft_p95_s",
+               "usd_per_mtok_batch", "usd_per_mtok_interactive",
+               "usd_per_mtok_ratio_vs_interactive", "batch_tokens_per_s", "client", "sends",
+               "targets", "targets_apply")
+# Its smoke run can drive a lab another process started (--lab): one started with this
+# environment (the short leases above).
+SMOKE_LAB = {"env": {"MERIDIAN_BATCH_LEASE_S": "12", "MERIDIAN_BATCH_REQUEST_TIMEOUT_S": "10"}}
 # The demo tenant's limits, raised so that what is measured is scheduling, not rate limits
 # (the batch tier has a budget of its own, the tenant's limits again).
 TENANT_LIMITS = {"rpm_limit": 100_000, "tpm_limit": 50_000_000}
@@ -185,6 +196,7 @@ def interactive_cost(lab: Lab, start: float, end: float) -> dict[str, Any]:
     read from the lab's database)."""
     os.environ["DATABASE_URL"] = lab.database_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("MERIDIAN_LAB", "1")  # a bench runs on the lab
     import django
 
     django.setup()
@@ -360,26 +372,37 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run that goes through every step: 20 lines, 2 s "
+                             "of interactive load before them")
+    parser.add_argument("--lab", type=Path, metavar="FILE",
+                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
+                             ".describe_lab; started with SMOKE_LAB's environment) instead of "
+                             "starting one")
     parser.add_argument("--lines", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=4, help="interactive clients")
     parser.add_argument("--batch-tier", action="store_true",
                         help=f"run the batch on a batch-tier deployment ({POOL}) that starts "
                              "at zero and goes back to zero after it")
     args = parser.parse_args()
-    lines = args.lines or (200 if args.quick else 2000)
-    baseline_s = 8.0 if args.quick else 30.0
-    per_region = 1 if args.quick else 2
-    os.environ.update({"MERIDIAN_BATCH_LEASE_S": str(LEASE_S),
-                       "MERIDIAN_BATCH_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)})
+    if args.lab is not None and args.batch_tier:
+        parser.error("--batch-tier starts its own lab (with a short scale-down window): "
+                     "leave out --lab")
+    lines = args.lines or (20 if args.smoke else 200 if args.quick else 2000)
+    baseline_s = 2.0 if args.smoke else 8.0 if args.quick else 30.0
+    per_region = 1 if args.quick or args.smoke else 2
+    lab_env = {"MERIDIAN_BATCH_LEASE_S": str(LEASE_S),
+               "MERIDIAN_BATCH_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)}
     if args.batch_tier:
-        os.environ["MERIDIAN_SCALE_DOWN_WINDOW_S"] = str(POOL_IDLE_S)
+        lab_env["MERIDIAN_SCALE_DOWN_WINDOW_S"] = str(POOL_IDLE_S)
     pool: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="meridian-batch-") as tmp:
-        var_dir = Path(tmp)
-        log(f"starting the lab (3 local regions × {per_region} enginesim replicas, 2 edges)")
+    with tempfile.TemporaryDirectory(prefix="meridian-batch-") as tmp, running_lab(
+            args.lab, Path(tmp), replicas_per_region=per_region, env=lab_env,
+            name_prefix="meridian_bench_batch") as lab:
+        var_dir = lab.var_dir
+        log(f"starting the lab (3 local regions × {per_region} enginesim replicas, 2 edges)"
+            if args.lab is None else f"driving the lab of {args.lab}")
         t0 = time.monotonic()
-        lab = start_lab(var_dir, replicas_per_region=per_region,
-                        name_prefix="meridian_bench_batch")
         chat: Chat | None = None
         watch: PoolWatch | None = None
         try:
@@ -400,8 +423,8 @@ def main() -> None:
             base_end = time.time()
             log(f"interactive only: {len(chat.ttft_between(base_start, base_end))} requests in "
                 f"{baseline_s:.0f} s; now the batch")
-            result = run_batch(lab, var_dir, edge_url, lines, 120.0 if args.quick else 900.0,
-                               watch)
+            result = run_batch(lab, var_dir, edge_url, lines,
+                               120.0 if args.quick or args.smoke else 900.0, watch)
             batch_end = time.time()
             chat.stop()
             if watch is not None:
@@ -429,7 +452,6 @@ def main() -> None:
                 watch.stop()
             if chat is not None and chat.thread.is_alive():
                 chat.stop()
-            stop_lab(lab)
 
     batch = result["batch"]
     cost = result["answer"].get("meridian", {}).get("cost", {})

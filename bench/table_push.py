@@ -80,6 +80,7 @@ def serve_edges(count: int, public_pem: bytes, ports: mp.Queue, stop: mp.Event) 
 
 def setup_django(db_name: str) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("MERIDIAN_LAB", "1")  # a bench runs on the lab
     from controlplane.lab import backing
 
     base = os.environ.get("DATABASE_URL") or backing.lab_database_url()

@@ -34,14 +34,53 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be one of 1/0/true/false/yes/no/on/off, got {value!r}")
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, at_least: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+    if at_least is not None and number < at_least:
+        raise ImproperlyConfigured(f"{name} must be an integer ≥ {at_least}, got {value!r}")
+    return number
+
+
+# Django's own advice for SECRET_KEY (security.W009): long and not guessable.
+MIN_SECRET_LENGTH = 50
+
+
+def env_secret(name: str, lab: bool, lab_default: str) -> str:
+    """A secret from the environment. In the lab an unset one falls back to `lab_default`
+    (public: it is in the source); outside the lab an unset or short one stops start-up."""
+    value = os.environ.get(name, "")
+    if value:
+        if not lab and len(value) < MIN_SECRET_LENGTH:
+            raise ImproperlyConfigured(
+                f"{name} must be at least {MIN_SECRET_LENGTH} characters outside the lab, got "
+                f"{len(value)} (e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')")
+        return value
+    if not lab:
+        raise ImproperlyConfigured(
+            f"{name} must be set: Meridian runs in production mode unless MERIDIAN_LAB=1 "
+            "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')")
+    return lab_default
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """Django's SECURE_PROXY_SSL_HEADER from `Header-Name=value` (`X-Forwarded-Proto=https`);
+    None when unset."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    header, sep, expected = value.partition("=")
+    header, expected = header.strip(), expected.strip()
+    if not sep or not header or not expected or not all(
+            c.isalnum() or c == "-" for c in header):
+        raise ImproperlyConfigured(
+            f"{name} must be HEADER=VALUE, e.g. X-Forwarded-Proto=https, got {value!r}")
+    return "HTTP_" + header.upper().replace("-", "_"), expected
 
 
 def env_float(name: str, default: float, above: float | None = None,

@@ -20,6 +20,8 @@ from controlplane.env import (
     env_float,
     env_int,
     env_list,
+    env_proxy_ssl_header,
+    env_secret,
     env_str,
     env_url,
 )
@@ -29,13 +31,31 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("MERIDIAN_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not env_bool("MERIDIAN_LAB", True):
-        raise ImproperlyConfigured("SECRET_KEY must be set outside the lab (MERIDIAN_LAB=0)")
-    SECRET_KEY = "lab-only-insecure-key-set-SECRET_KEY-in-production"
+# Production unless told otherwise: `make up` and `make test` set MERIDIAN_LAB=1, and so does
+# every pytest run (controlplane/lab/pytest_plugin.py). Outside the lab every secret must come
+# from the environment and HTTPS is assumed.
+LAB = env_bool("MERIDIAN_LAB", False)
+SECRET_KEY = env_secret("SECRET_KEY", LAB, "lab-only-insecure-key-set-SECRET_KEY-in-production")
+# The secret batch runner keys are derived from (controlplane/batches/runner_key.py): its own,
+# so that neither SECRET_KEY nor a batch id (in every x-request-id) gives a runner key away.
+BATCH_KEY_SECRET = env_secret("MERIDIAN_BATCH_KEY_SECRET", LAB,
+                              "lab-only-insecure-batch-key-secret-set-MERIDIAN_BATCH_KEY_SECRET")
+if BATCH_KEY_SECRET == SECRET_KEY:
+    raise ImproperlyConfigured("MERIDIAN_BATCH_KEY_SECRET must differ from SECRET_KEY")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# HTTPS outside the lab: secure cookies, HSTS, a redirect from plain HTTP. Behind a proxy that
+# ends TLS, MERIDIAN_SECURE_PROXY_SSL_HEADER names the header it sets (`X-Forwarded-Proto`):
+# unset, no header is trusted, since a client could send it itself.
+SESSION_COOKIE_SECURE = env_bool("MERIDIAN_SECURE_COOKIES", not LAB)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("MERIDIAN_SSL_REDIRECT", not LAB)
+SECURE_HSTS_SECONDS = env_int("MERIDIAN_HSTS_SECONDS", 0 if LAB else 31_536_000, at_least=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("MERIDIAN_HSTS_INCLUDE_SUBDOMAINS", not LAB)
+SECURE_HSTS_PRELOAD = env_bool("MERIDIAN_HSTS_PRELOAD", not LAB)
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("MERIDIAN_SECURE_PROXY_SSL_HEADER")
+# Probes and the edges' table pulls from inside the network may use plain HTTP to these.
+SECURE_REDIRECT_EXEMPT = env_list("MERIDIAN_SSL_REDIRECT_EXEMPT", [])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -152,6 +172,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several models have a `status`; each set of choices gets its own name in the schema.
+    "ENUM_NAME_OVERRIDES": {
+        "PlanStatusEnum": "controlplane.placement.models.PlanStatus",
+        "OperationStatusEnum": "controlplane.provisioning.models.OperationStatus",
+        "BatchStatusEnum": "controlplane.batches.models.BatchStatus",
+    },
 }
 
 CELERY_BROKER_URL = REDIS_URL

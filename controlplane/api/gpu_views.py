@@ -13,7 +13,8 @@ from typing import Any
 
 from django.db.models import OuterRef, Prefetch, Subquery
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -83,6 +84,7 @@ class GpuReadingSerializer(serializers.Serializer):
         return attrs
 
 
+@extend_schema_field(OpenApiTypes.STR)
 class ReplicaRefField(serializers.Field):
     """A replica as `r-12` (or its number); null unlinks the node."""
 

@@ -2,9 +2,11 @@
 
 The edge knows tenants by their keys' hashes, and the control plane keeps no key's secret,
 so each batch gets a key of its own: an ApiKey of the batch's tenant (tier batch, the
-batch's model only), whose secret is derived from the control plane's SECRET_KEY and the
-batch id with HMAC. Any worker can derive it again and nothing secret is stored; the row
-reaches the edges' tables like any key, and is revoked when the batch finishes.
+batch's model only), whose secret is derived with HMAC from a secret of its own,
+`MERIDIAN_BATCH_KEY_SECRET` (settings.BATCH_KEY_SECRET), and the batch id. Any worker can
+derive it again and nothing secret is stored; the row reaches the edges' tables like any key,
+and is revoked when the batch finishes. The batch id is no secret (it is in every line's
+x-request-id), and neither SECRET_KEY nor the id alone gives the key away.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def key_name(batch_id: str) -> str:
 
 
 def runner_secret(batch_id: str) -> str:
-    digest = hmac.new(settings.SECRET_KEY.encode(), f"meridian-batch:{batch_id}".encode(),
+    digest = hmac.new(settings.BATCH_KEY_SECRET.encode(), f"meridian-batch:{batch_id}".encode(),
                       hashlib.sha256).hexdigest()
     return KEY_PREFIX + "b" + digest
 

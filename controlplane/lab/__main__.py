@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                       DJANGO_SETTINGS_MODULE="controlplane.settings",
                       MERIDIAN_VAR_DIR=str(args.var_dir.resolve()))
     os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
+    # Lab mode (lab-only secrets, plain HTTP) for every process the lab starts.
+    os.environ.setdefault("MERIDIAN_LAB", "1")
     # The lab launches local engines only, so plans, failover and autoscaling place there.
     os.environ.setdefault("MERIDIAN_PLACEMENT_CLOUDS", "local")
     # New deployments run what the lab runs unless they name an engine.
