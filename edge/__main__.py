@@ -1,5 +1,10 @@
 """Command line: `python -m edge --name NAME --region CLOUD:REGION --listen HOST:PORT
---admin-listen HOST:PORT --state-dir DIR --public-key FILE [--control-plane URL]`."""
+--admin-listen [HOST]:PORT --state-dir DIR --public-key FILE --admin-secret-file FILE
+[--control-plane URL]`.
+
+The admin listener binds loopback when its host is left out, and needs the edge's admin
+secret (from `--admin-secret-file` or `$MERIDIAN_EDGE_ADMIN_SECRET`); the edge does not
+start without one."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import ssl
 import sys
 from pathlib import Path
 
+from edge.admin_auth import read_secret
 from edge.keys import KeyFormatError, load_public_key_file
 from edge.logs import configure
 from edge.server import Edge, EdgeConfig
@@ -26,6 +32,12 @@ def host_port(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def admin_host_port(value: str) -> tuple[str, int]:
+    """Like host_port, but a left-out host is loopback: the admin API is private."""
+    host, port = host_port(value)
+    return ("127.0.0.1" if not value.rpartition(":")[0].strip("[]") else host), port
+
+
 def region(value: str) -> str:
     cloud, sep, code = value.partition(":")
     if not sep or not cloud or not code:
@@ -38,8 +50,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True, help="this edge's name in the control plane")
     p.add_argument("--region", required=True, type=region, help="CLOUD:REGION it runs in")
     p.add_argument("--listen", required=True, type=host_port, help="client API HOST:PORT")
-    p.add_argument("--admin-listen", required=True, type=host_port,
-                   help="admin API HOST:PORT (tables, metrics); keep it private")
+    p.add_argument("--admin-listen", required=True, type=admin_host_port,
+                   help="admin API [HOST]:PORT (tables, metrics); loopback when HOST is left "
+                        "out; keep it private")
+    p.add_argument("--admin-secret-file", type=Path,
+                   help="this edge's admin secret, which the control plane's HMAC of every "
+                        "admin request is checked with (default: $MERIDIAN_EDGE_ADMIN_SECRET)")
+    p.add_argument("--admin-max-body-bytes", type=int, default=64 * 1024 * 1024,
+                   help="largest admin request body (a table); larger ones get 413 unread")
     p.add_argument("--state-dir", required=True, type=Path,
                    help="where the last-known-good table is kept")
     p.add_argument("--public-key", required=True, action="append", type=Path,
@@ -76,12 +94,26 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
         keys = [load_public_key_file(path) for path in args.public_key]
     except (OSError, KeyFormatError) as exc:
         raise SystemExit(f"--public-key: {exc}") from None
+    try:
+        if args.admin_secret_file:
+            admin_secret = read_secret(args.admin_secret_file.read_text(),
+                                       f"--admin-secret-file {args.admin_secret_file}")
+        elif os.environ.get("MERIDIAN_EDGE_ADMIN_SECRET"):
+            admin_secret = read_secret(os.environ["MERIDIAN_EDGE_ADMIN_SECRET"],
+                                       "MERIDIAN_EDGE_ADMIN_SECRET")
+        else:
+            raise ValueError("the admin API needs a secret: pass --admin-secret-file or set "
+                             "MERIDIAN_EDGE_ADMIN_SECRET (the control plane prints an edge's "
+                             "with `manage.py edge_admin_secret NAME`)")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"edge: {exc}") from None
     token = os.environ.get("MERIDIAN_EDGE_TOKEN")
     if args.control_plane_token_file:
         token = args.control_plane_token_file.read_text().strip()
     return EdgeConfig(
         name=args.name, region=args.region, state_dir=args.state_dir, public_keys=keys,
         control_plane=args.control_plane, control_plane_token=token,
+        admin_secret=admin_secret, admin_max_body_bytes=args.admin_max_body_bytes,
         pull_interval_s=args.pull_interval, probe_interval_s=args.probe_interval,
         probes=not args.no_probes, max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue, connect_timeout_s=args.connect_timeout,

@@ -1,4 +1,10 @@
-"""The edge's admin API, on its own listener (keep it off the public network).
+"""The edge's admin API, on its own listener (loopback unless told otherwise).
+
+Every `/admin/` path needs an HMAC of the request with this edge's admin secret
+(`edge.admin_auth`): the header's shape and time are checked once the head is read, before
+the body is (401 naming the problem), a body over the admin limit is refused unread (413),
+and the HMAC is checked before a byte of JSON is parsed. `/healthz` and `/metrics` answer
+without it, for load balancers and Prometheus.
 
 `PUT /admin/table`: a signed table; 200 once it is on disk and served, 400 for a bad or
 missing signature or shape (the field named), 409 when its version is not newer than the one
@@ -14,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from edge import admin_auth
 from edge.httpserver import HttpConnection, Request
 
 if TYPE_CHECKING:
@@ -27,12 +34,43 @@ def _error(status: int, code: str, message: str) -> tuple[int, bytes]:
                                            "param": None, "code": code}})
 
 
+def _guarded(path: str) -> bool:
+    return path.startswith("/admin/")
+
+
 class AdminApi:
     def __init__(self, edge: Edge) -> None:
         self.edge = edge
+        self.secret = edge.config.admin_secret
+
+    def admit_head(self, method: str, path: str,
+                   headers: dict[bytes, bytes]) -> tuple[int, str, str] | None:
+        """Before the body is read: refuse an `/admin/` request without a fresh auth header."""
+        if not _guarded(path):
+            return None
+        if self.secret is None:
+            return (503, "admin_auth_unconfigured",
+                    "This edge has no admin secret configured; its admin API is closed.")
+        try:
+            admin_auth.check_head(headers)
+        except admin_auth.AdminAuthError as refusal:
+            self.edge.metrics.admin_refusals.inc((refusal.code,))
+            return refusal.status, refusal.code, refusal.message
+        return None
 
     async def handle(self, request: Request, conn: HttpConnection) -> None:
         path, method = request.path, request.method
+        if _guarded(path):
+            refusal = self.admit_head(method, path, request.headers)
+            if refusal is None and self.secret is not None:
+                try:
+                    admin_auth.verify(self.secret, method, path, request.headers, request.body)
+                except admin_auth.AdminAuthError as bad:
+                    self.edge.metrics.admin_refusals.inc((bad.code,))
+                    refusal = bad.status, bad.code, bad.message
+            if refusal is not None:
+                conn.respond(*_error(*refusal))
+                return
         if path == "/admin/table":
             if method == "PUT":
                 answer = await self.edge.accept_table(request.body, "push")
@@ -48,6 +86,7 @@ class AdminApi:
             conn.respond(200 if table else 503, orjson.dumps({
                 "status": "ok" if table else "no_table", "edge": self.edge.name,
                 "region": self.edge.region, "table_version": table.version if table else None,
+                **self.edge.freshness(),
             }))
         elif path == "/metrics" and method == "GET":
             conn.respond(200, self.edge.metrics.registry.render(), content_type=PROMETHEUS_TEXT)
@@ -66,6 +105,7 @@ class AdminApi:
             "issued_at": table.issued_at,
             "key_id": table.key_id,
             "source": edge.table_source,
+            **edge.freshness(),
             "installed_at": edge.table_installed_at,
             "models": {model: len(replicas) for model, replicas in table.models.items()},
             "tenants": len(table.tenants),

@@ -165,6 +165,7 @@ class Request:
 
 
 Handler = Callable[[Request, "HttpConnection"], Coroutine[Any, Any, None] | None]
+AdmitHead = Callable[[str, str, dict[bytes, bytes]], tuple[int, str, str] | None]
 
 
 class Producer(Protocol):
@@ -301,6 +302,14 @@ class HttpConnection(asyncio.Protocol):
             self._stream = None
             self._reject(413, f"request body over {limit} bytes")
             return
+        admit = self.server.admit_head
+        if admit is not None:
+            method = self._parser.get_method()
+            refusal = admit(METHODS.get(method) or method.decode(), self._path, self._headers)
+            if refusal is not None:
+                self._stream = None
+                self._reject(refusal[0], refusal[2], refusal[1])
+                return
         expect = self._headers.get(b"expect")
         if expect is not None and expect.lower() == b"100-continue" and self.transport:
             self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -437,12 +446,12 @@ class HttpConnection(asyncio.Protocol):
             self._reading_paused = False
             self.transport.resume_reading()
 
-    def _reject(self, status: int, message: str) -> None:
+    def _reject(self, status: int, message: str, code: str = "") -> None:
         """Answer a request we will not read to the end, then close."""
         self._rejected = True
         if self.transport is None:
             return
-        code = {413: "request_too_large", 431: "headers_too_large"}.get(
+        code = code or {413: "request_too_large", 431: "headers_too_large"}.get(
             status, "bad_request")
         body = (b'{"error":{"message":"%s","type":"invalid_request_error","param":null,'
                 b'"code":"%s"}}' % (message.encode().replace(b'"', b"'"), code.encode()))
@@ -575,9 +584,12 @@ class HttpServer:
     def __init__(self, handler: Handler, max_body: int = 8 * 1024 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0,
                  streamed: Callable[[str], bool] | None = None,
-                 max_streamed_body: int = 0) -> None:
+                 max_streamed_body: int = 0, admit_head: AdmitHead | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
+        # Called with (method, path, headers) once a head is read, before its body: a
+        # (status, code, message) refuses the request unread (the admin API's auth check).
+        self.admit_head = admit_head
         # Paths whose bodies are handed over as they arrive, up to max_streamed_body bytes.
         self.streamed = streamed
         self.max_streamed_body = max_streamed_body

@@ -1,8 +1,9 @@
 """Running an edge on one machine, as a child process: for benchmarks, tests and the lab.
 
-`LocalEdge` makes a signing key (or takes one), starts `python -m edge` on free loopback
-ports with a state directory, waits until it answers, and pushes signed tables to it the way
-the control plane does (canonical bytes over `PUT /admin/table`).
+`LocalEdge` makes a signing key (or takes one) and an admin secret (or takes one), starts
+`python -m edge` on free loopback ports with a state directory, waits until it answers, and
+pushes signed tables to it the way the control plane does (canonical bytes over
+`PUT /admin/table`, with the admin API's HMAC header: `admin_request`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from edge import admin_auth
 from edge.keys import public_key_id, public_key_pem
 from edge.table import canonical_bytes, sign_table
 
@@ -31,6 +34,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def admin_request(admin_url: str, path: str, secret: bytes, method: str = "GET",
+                  body: bytes = b"", timeout_s: float = 10.0) -> Any:
+    """One admin API call signed with `secret`; its JSON answer (raises on anything but 2xx)."""
+    request = urllib.request.Request(
+        admin_url.rstrip("/") + path, data=body if method != "GET" else None, method=method,
+        headers={"content-type": "application/json",
+                 admin_auth.HEADER: admin_auth.sign(secret, method, path, body)})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
 
 
 def key_hash(api_key: str) -> str:
@@ -71,8 +85,10 @@ class LocalEdge:
                  key: Ed25519PrivateKey | None = None, state_dir: Path | None = None,
                  access_log: str | None = None, extra_args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 preexec_fn: Callable[[], None] | None = None,
+                 admin_secret: bytes | None = None) -> None:
         self.name = name
+        self.admin_secret = admin_secret or secrets.token_hex(32).encode()
         # Run in the child before the edge starts: benchmarks and tests pass one that makes
         # the edge die with them (controlplane.lab.processes.die_with_parent).
         self.preexec_fn = preexec_fn
@@ -99,13 +115,19 @@ class LocalEdge:
     def start(self, timeout_s: float = 15.0) -> None:
         key_file = Path(self._tmp.name) / "control-plane.pub.pem"
         key_file.write_bytes(public_key_pem(self.key))
+        secret_file = Path(self._tmp.name) / "admin-secret"
+        secret_file.write_bytes(self.admin_secret)
+        secret_file.chmod(0o600)
         command = [
             sys.executable, "-m", "edge", "--name", self.name, "--region", self.region,
             "--listen", f"127.0.0.1:{self.port}", "--admin-listen",
             f"127.0.0.1:{self.admin_port}", "--state-dir", str(self.state_dir),
-            "--public-key", str(key_file), "--access-log", self.access_log,
+            "--public-key", str(key_file), "--admin-secret-file", str(secret_file),
+            "--access-log", self.access_log,
             "--log-level", "WARNING", *self.extra_args,
         ]
+        if "--upstream-cert" not in self.extra_args:
+            command.append("--plain-upstream")  # fake engines over plain HTTP: tests only
         root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
                **self.env}
@@ -115,7 +137,7 @@ class LocalEdge:
             if self.process.poll() is not None:
                 raise RuntimeError(f"edge exited with {self.process.returncode}")
             try:
-                urllib.request.urlopen(self.admin_url + "/admin/table", timeout=1).read()
+                self.admin("/admin/table", timeout_s=1)
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(0.05)
@@ -126,11 +148,12 @@ class LocalEdge:
         self.version = max(self.version + 1, int(table.get("version", 0)))
         document = dict(table, version=self.version, key_id=public_key_id(self.key.public_key()))
         body = canonical_bytes(sign_table(document, self.key))
-        request = urllib.request.Request(self.admin_url + "/admin/table", data=body,
-                                         method="PUT",
-                                         headers={"content-type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return dict(json.loads(response.read()))
+        return dict(self.admin("/admin/table", "PUT", body))
+
+    def admin(self, path: str, method: str = "GET", body: bytes = b"",
+              timeout_s: float = 10.0) -> Any:
+        """An admin API call, signed with this edge's admin secret."""
+        return admin_request(self.admin_url, path, self.admin_secret, method, body, timeout_s)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -175,6 +175,9 @@ class EdgeMetrics:
             "meridian_edge_table_version", "Version of the routing table being served."))
         self.table_rejections = r.add(Counter(
             "meridian_edge_table_rejections_total", "Tables refused, by reason.", ("reason",)))
+        self.admin_refusals = r.add(Counter(
+            "meridian_edge_admin_refusals_total", "Admin API requests refused for their "
+            "authentication, by reason (a fixed set of codes).", ("reason",)))
         self.ejections = r.add(Counter(
             "meridian_edge_ejections_total", "Passive ejections of replicas.", ("replica",)))
         self.retries = r.add(Counter(

@@ -682,7 +682,7 @@ class ClientApi:
             self._tenant_table = table
         tenant = known.get(auth)
         if tenant is not None:
-            return tenant
+            return self.fresh_enough(table, tenant)
         scheme, _, key = auth.partition(b" ")
         key = key.strip()
         if scheme.lower() != b"bearer" or not key:
@@ -694,6 +694,16 @@ class ClientApi:
         if len(known) >= MAX_REMEMBERED_KEYS:
             known.clear()
         known[auth] = tenant
+        return self.fresh_enough(table, tenant)
+
+    def fresh_enough(self, table: RoutingTable, tenant: TenantRules) -> TenantRules:
+        """A stale table under "fail_closed" serves only the tenants marked fail-open."""
+        if table.policy.stale_table_mode == "fail_closed" and not tenant.fail_open \
+                and time.time() > table.expires_at:
+            raise errors.unavailable(
+                "table_expired", f"This edge's routing table v{table.version} is older than "
+                f"its max_table_age_s ({table.policy.max_table_age_s:g} s) and the policy "
+                "fails closed: requests are refused until a fresh table arrives.", 30)
         return tenant
 
     def models(self, request: Request, conn: HttpConnection) -> None:

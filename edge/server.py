@@ -3,7 +3,14 @@ listeners and background loops that act on it.
 
 The table is swapped as a whole: a request reads `edge.table` once and keeps that version to
 the end, so a push never changes a request's view half-way. Accepting a table (pushed or
-pulled) is one path: verify, check it is for this edge and newer, persist atomically, swap.
+pulled) is one path: verify, note its revoked keys, check it is for this edge and newer (by
+version and by `issued_at`: an older table is a replay), persist atomically, swap.
+
+A table issued more than its policy's `max_table_age_s` ago is stale. The edge keeps serving
+it; what it means then is the policy's `stale_table_mode`: "last_known_good" serves every
+tenant as before (keys revoked in any table seen since stay refused: `edge.revocations`),
+"fail_closed" refuses every tenant but those marked `fail_open` (`edge.proxy`). `/healthz`,
+`GET /admin/table` and `/metrics` say which.
 """
 
 from __future__ import annotations
@@ -27,20 +34,22 @@ from edge.first_byte import FirstByteWatch
 from edge.health import Prober, ReplicaStats, record_failure, record_success
 from edge.httpserver import HttpServer
 from edge.logs import AccessLog
-from edge.metrics import EdgeMetrics
+from edge.metrics import EdgeMetrics, Gauge, Labels
 from edge.policy import CandidateSet, PickerState
 from edge.prefix import PrefixIndex
 from edge.proxy import ClientApi
 from edge.pull import TablePuller
 from edge.ratelimit import TenantLimiter
+from edge.revocations import Revocations
 from edge.table import (
     Replica,
     RoutingTable,
     SignatureError,
     TableError,
     load_last_known_good,
-    load_verified,
+    parse_table,
     save_last_known_good,
+    verified_document,
 )
 from edge.upstream import UpstreamPool
 
@@ -55,6 +64,9 @@ class EdgeConfig:
     public_keys: list[Ed25519PublicKey]
     control_plane: str | None = None
     control_plane_token: str | None = None
+    # The admin API's HMAC secret (edge.admin_auth); None closes the admin API.
+    admin_secret: bytes | None = None
+    admin_max_body_bytes: int = 64 * 1024 * 1024
     pull_interval_s: float = 15.0
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 2.0
@@ -81,6 +93,16 @@ class TableAnswer:
     body: dict[str, Any] = field(default_factory=dict)
 
 
+def _read_table(body: bytes, public_keys: list[Ed25519PublicKey]
+                ) -> tuple[dict[str, Any], RoutingTable | None, TableError | None]:
+    """Verify, then parse: a verified table that does not parse still tells its revocations."""
+    document = verified_document(body, public_keys)
+    try:
+        return document, parse_table(document), None
+    except TableError as invalid:
+        return document, None, invalid
+
+
 def _refusal(status: int, code: str, message: str, param: str | None = None,
              **extra: Any) -> TableAnswer:
     return TableAnswer(status, {"error": {"message": message, "type": "invalid_request_error",
@@ -95,8 +117,16 @@ class Edge:
         self.table: RoutingTable | None = None
         self.table_source = ""
         self.table_installed_at = 0.0
+        self.revocations = Revocations(config.state_dir)
         self.stats: dict[str, ReplicaStats] = {}
         self.metrics = EdgeMetrics()
+        self.metrics.registry.add(Gauge(
+            "meridian_edge_table_age_seconds", "Seconds since the served table was issued.",
+            collect=self._age_sample))
+        self.metrics.registry.add(Gauge(
+            "meridian_edge_table_stale", "1 while the served table is older than its "
+            "max_table_age_s, labelled with what that means here (stale_table_mode).",
+            ("mode",), collect=self._stale_sample))
         self.metrics.build.set(("compiled" if BUILD.native else "source",), 1)
         self.limiter = TenantLimiter()
         self.prefix_index = PrefixIndex(config.prefix_index_blocks)
@@ -122,6 +152,7 @@ class Edge:
 
     def load_last_known_good(self) -> RoutingTable | None:
         """Serve from the table on disk, if there is a good one; never fail to start."""
+        self.revocations.load()
         try:
             table = load_last_known_good(self.config.state_dir, self.config.public_keys)
         except TableError as exc:
@@ -139,14 +170,21 @@ class Edge:
         loop = asyncio.get_running_loop()
         try:
             # Parsing and verifying a large table takes milliseconds: keep it off the loop.
-            table = await loop.run_in_executor(None, load_verified, body,
-                                               self.config.public_keys)
+            document, parsed, problem = await loop.run_in_executor(
+                None, _read_table, body, self.config.public_keys)
         except SignatureError as bad_signature:
             self.metrics.table_rejections.inc(("bad_signature",))
             return _refusal(400, "bad_signature", str(bad_signature), bad_signature.field)
-        except TableError as invalid:
+        except TableError as not_json:
+            self.metrics.table_rejections.inc(("invalid",))
+            return _refusal(400, "invalid_table", str(not_json), not_json.field)
+        if document.get("edge") in (None, "", self.name):
+            self.note_revocations(document.get("revoked_keys"))
+        if parsed is None:
+            invalid = problem or TableError("the table could not be read")
             self.metrics.table_rejections.inc(("invalid",))
             return _refusal(400, "invalid_table", str(invalid), invalid.field)
+        table = parsed
         if table.edge and table.edge != self.name:
             self.metrics.table_rejections.inc(("wrong_edge",))
             return _refusal(400, "wrong_edge", f"this table is for edge {table.edge}, not "
@@ -158,6 +196,12 @@ class Edge:
                 return _refusal(409, "version_not_newer", f"version {table.version} is not "
                                 f"newer than the served version {current.version}", "version",
                                 version=current.version, hash=current.hash)
+            if current is not None and table.issued_at_s < current.issued_at_s:
+                self.metrics.table_rejections.inc(("issued_before_served",))
+                return _refusal(409, "issued_before_served", f"this table was issued at "
+                                f"{table.issued_at or 'an unknown time'}, before the served "
+                                f"version {current.version} ({current.issued_at}): a replay",
+                                "issued_at", version=current.version, hash=current.hash)
             try:
                 await loop.run_in_executor(None, save_last_known_good, self.config.state_dir,
                                            table)
@@ -170,7 +214,46 @@ class Edge:
         log.info("table v%d accepted from %s (%s)", table.version, source, table.hash[:12])
         return TableAnswer(200, {"version": table.version, "hash": table.hash})
 
+    def note_revocations(self, hashes: Any) -> None:
+        """Remember the revoked keys a verified table names; stop serving them at once."""
+        if not isinstance(hashes, list):
+            return
+        if self.revocations.add(h for h in hashes if isinstance(h, str)):
+            table = self.table
+            if table is not None:
+                self.table = self.revocations.apply(table)
+
+    def _age_sample(self) -> dict[Labels, float]:
+        table = self.table
+        return {} if table is None else {(): round(time.time() - table.issued_at_s, 3)}
+
+    def _stale_sample(self) -> dict[Labels, float]:
+        table = self.table
+        if table is None:
+            return {}
+        stale = time.time() > table.expires_at
+        return {(table.policy.stale_table_mode,): 1.0 if stale else 0.0}
+
+    def freshness(self) -> dict[str, Any]:
+        """How old the served table is, and what that means here (health and admin API)."""
+        table = self.table
+        if table is None:
+            return {"table_state": "none"}
+        age = time.time() - table.issued_at_s
+        stale = age > table.policy.max_table_age_s
+        return {
+            "table_state": "stale" if stale else "fresh",
+            "table_age_s": round(age, 1),
+            "max_table_age_s": table.policy.max_table_age_s,
+            "stale_table_mode": table.policy.stale_table_mode,
+            "serving": ("fail_open_tenants_only" if stale and
+                        table.policy.stale_table_mode == "fail_closed" else "all_tenants"),
+            "revoked_keys": len(self.revocations),
+        }
+
     def install(self, table: RoutingTable, source: str) -> None:
+        self.note_revocations(list(table.revoked_keys))
+        table = self.revocations.apply(table)
         self.table = table
         self.table_source = source
         self.table_installed_at = time.time()
@@ -229,7 +312,8 @@ class Edge:
                                         self.config.client_request_timeout_s,
                                         streamed=forwarded,
                                         max_streamed_body=self.config.max_upload_bytes)
-        self.admin_server = HttpServer(self.admin_api.handle, 64 * 1024 * 1024)
+        self.admin_server = HttpServer(self.admin_api.handle, self.config.admin_max_body_bytes,
+                                       admit_head=self.admin_api.admit_head)
         port = await self.client_server.listen(listen[0], listen[1], ssl=tls)
         admin_port = await self.admin_server.listen(admin_listen[0], admin_listen[1])
         if self.config.probes:

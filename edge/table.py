@@ -29,7 +29,13 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
   a stream's first cut) [30], `stream_stall_s` (a stream with no byte from its replica for
   this long counts as cut) [10], `first_byte_timeout_s` (a request whose replica has sent
   nothing of its answer this long after it was sent goes to another replica:
-  `edge.first_byte`) [30].
+  `edge.first_byte`) [30], `max_table_age_s` (a table issued longer ago than this is stale)
+  [86400], `stale_table_mode` (what a stale table means: "last_known_good" keeps serving it,
+  "fail_closed" refuses every tenant but those marked `fail_open`) ["last_known_good"].
+- tenant: `fail_open` (served from a stale table also under "fail_closed") [false].
+- top-level `issued_at`: ISO 8601 with a UTC offset; a table without it counts as stale.
+- top-level `revoked_keys`: sha256 hashes of keys revoked lately; the edge refuses them for
+  good, whatever table it serves afterwards (`edge.revocations`) [[]].
 - top-level `aliases`: `{"auto": {"rules": [{"max_prompt_tokens": 1000, "model": "small"}],
   "default": "large"}}`, or a plain `{"gpt-4o": "large"}`. Rules are tried in order; a rule
   may hold `max_prompt_tokens`, `min_prompt_tokens` and `tier`, and matches when all hold.
@@ -45,6 +51,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -61,6 +68,8 @@ TABLE_FILE = "table.json"
 KNOWN_SCORERS = ("latency", "load", "prefix", "cost")
 KNOWN_PICKERS = ("max_score", "round_robin", "random")
 TIERS = ("interactive", "batch")
+STALE_MODES = ("last_known_good", "fail_closed")
+DEFAULT_MAX_TABLE_AGE_S = 24 * 3600.0
 # States a replica may be listed in; only these two take new requests.
 ROUTABLE_STATES = frozenset({"ready", "degraded"})
 KNOWN_STATES = ROUTABLE_STATES | {"draining"}
@@ -189,6 +198,7 @@ class TenantRules:
     models: frozenset[str] = frozenset({"*"})
     tier: str = "interactive"
     resume_streams: bool = True
+    fail_open: bool = False
 
     def may_use_model(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -219,6 +229,8 @@ class Policy:
     resume_deadline_s: float = 30.0
     stream_stall_s: float = 10.0
     first_byte_timeout_s: float = 30.0
+    max_table_age_s: float = DEFAULT_MAX_TABLE_AGE_S
+    stale_table_mode: str = "last_known_good"
 
 
 MAX_RESUMPTIONS = 10
@@ -273,6 +285,14 @@ class RoutingTable:
     # Per model with a batch-tier deployment: the tenants whose batch requests go to its
     # batch-tier replicas alone ("*": everyone's), also while it has none.
     batch_pools: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # `issued_at` as seconds since the epoch (0: the table did not say, so it is stale).
+    issued_at_s: float = 0.0
+    revoked_keys: frozenset[str] = frozenset()
+
+    @property
+    def expires_at(self) -> float:
+        """When (seconds since the epoch) this table becomes stale."""
+        return self.issued_at_s + self.policy.max_table_age_s
 
     @property
     def replicas(self) -> list[Replica]:
@@ -397,6 +417,7 @@ def _tenant(key_hash: str, entry: Any) -> TenantRules:
         models=_strings(entry.get("models", ["*"]), f"{where}.models"),
         tier=tier,
         resume_streams=_flag(entry, "resume_streams", where, True),
+        fail_open=_flag(entry, "fail_open", where, False),
     )
 
 
@@ -442,6 +463,10 @@ def _policy(entry: Any) -> Policy:
                             defaults.stream_stall_s),
         first_byte_timeout_s=_get(entry, "first_byte_timeout_s", "number", "policy",
                                   defaults.first_byte_timeout_s),
+        max_table_age_s=_get(entry, "max_table_age_s", "number", "policy",
+                             defaults.max_table_age_s),
+        stale_table_mode=_get(entry, "stale_table_mode", "str", "policy",
+                              defaults.stale_table_mode),
     )
     if policy.retry_before_first_byte < 0 or policy.eject_after_failures < 1:
         raise TableError("policy: retries must be ≥ 0 and eject_after_failures ≥ 1", "policy")
@@ -462,12 +487,47 @@ def _policy(entry: Any) -> Policy:
     if not policy.first_byte_timeout_s > 0:
         raise TableError(f"policy.first_byte_timeout_s must be > 0 seconds, not "
                          f"{policy.first_byte_timeout_s}", "policy.first_byte_timeout_s")
+    if not policy.max_table_age_s > 0:
+        raise TableError(f"policy.max_table_age_s must be > 0 seconds, not "
+                         f"{policy.max_table_age_s}", "policy.max_table_age_s")
+    if policy.stale_table_mode not in STALE_MODES:
+        raise TableError(f"policy.stale_table_mode must be one of {list(STALE_MODES)}, not "
+                         f"{policy.stale_table_mode!r}", "policy.stale_table_mode")
     return policy
+
+
+def parse_issued_at(value: Any) -> float:
+    """`issued_at` (ISO 8601 with a UTC offset) as seconds since the epoch; 0.0 when absent."""
+    if value is None or value == "":
+        return 0.0
+    if not isinstance(value, str):
+        raise TableError("table.issued_at must be an ISO 8601 time", "issued_at")
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise TableError(f"table.issued_at must be an ISO 8601 time, not {value!r}",
+                         "issued_at") from None
+    if when.tzinfo is None:
+        raise TableError(f"table.issued_at must carry a UTC offset, not {value!r}",
+                         "issued_at")
+    return when.timestamp()
+
+
+def parse_revoked_keys(value: Any) -> frozenset[str]:
+    """`revoked_keys`: sha256 hex digests of API keys."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(
+            isinstance(v, str) and len(v) == 64 for v in value):
+        raise TableError("revoked_keys must be a list of sha256 hex digests", "revoked_keys")
+    return frozenset(value)
 
 
 def _alias(name: str, entry: Any) -> Alias:
     where = f"aliases.{name}"
     if isinstance(entry, str):
+        if not entry:
+            raise TableError(f"{where} must name a model", where)
         return Alias(name, (), entry)
     if not isinstance(entry, dict):
         raise TableError(f"{where} must be a model name or an object with rules", where)
@@ -482,13 +542,27 @@ def _alias(name: str, entry: Any) -> Alias:
         unknown = set(rule) - {"model", "max_prompt_tokens", "min_prompt_tokens", "tier"}
         if unknown:
             raise TableError(f"{rwhere} has unknown condition(s) {sorted(unknown)}", rwhere)
-        parsed.append(AliasRule(
+        parsed_rule = AliasRule(
             model=_get(rule, "model", "str", rwhere),
             max_prompt_tokens=_get(rule, "max_prompt_tokens", "int", rwhere, None),
             min_prompt_tokens=_get(rule, "min_prompt_tokens", "int", rwhere, None),
             tier=_get(rule, "tier", "str", rwhere, None),
-        ))
-    return Alias(name, tuple(parsed), _get(entry, "default", "str", where))
+        )
+        if not parsed_rule.model:
+            raise TableError(f"{rwhere}.model must name a model", f"{rwhere}.model")
+        for bound in (parsed_rule.max_prompt_tokens, parsed_rule.min_prompt_tokens):
+            if bound is not None and bound < 0:
+                raise TableError(f"{rwhere}: prompt token bounds must be ≥ 0", rwhere)
+        if parsed_rule.tier is not None and parsed_rule.tier not in TIERS:
+            raise TableError(f"{rwhere}.tier must be one of {list(TIERS)}", f"{rwhere}.tier")
+        parsed.append(parsed_rule)
+    unknown = set(entry) - {"rules", "default"}
+    if unknown:
+        raise TableError(f"{where} has unknown key(s) {sorted(unknown)}", where)
+    default = _get(entry, "default", "str", where)
+    if not default:
+        raise TableError(f"{where}.default must name a model", f"{where}.default")
+    return Alias(name, tuple(parsed), default)
 
 
 def _batch_pool(model: str, pool: Any) -> frozenset[str]:
@@ -497,6 +571,21 @@ def _batch_pool(model: str, pool: Any) -> frozenset[str]:
         raise TableError(f"models.{model}.batch_pool must be a non-empty list of tenant names "
                          "or [\"*\"]", f"models.{model}.batch_pool")
     return frozenset(pool)
+
+
+def parse_aliases(document: Any) -> dict[str, Alias]:
+    """The `aliases` object, by the rules the edge applies (the control plane checks what it
+    saves with this too)."""
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise TableError("aliases must be an object of alias → model or rules", "aliases")
+    aliases = {}
+    for name, entry in document.items():
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise TableError(f"alias name {name!r} must be 1 to 200 characters", "aliases")
+        aliases[name] = _alias(name, entry)
+    return aliases
 
 
 def parse_table(document: Mapping[str, Any]) -> RoutingTable:
@@ -524,8 +613,7 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
             batch_pools[model] = _batch_pool(model, entry["batch_pool"])
     tenants_doc = _get(document, "tenants", "object", "table", {})
     tenants = {key_hash: _tenant(key_hash, entry) for key_hash, entry in tenants_doc.items()}
-    aliases_doc = _get(document, "aliases", "object", "table", {})
-    aliases = {name: _alias(name, entry) for name, entry in aliases_doc.items()}
+    aliases = parse_aliases(_get(document, "aliases", "object", "table", {}))
     for name in aliases:
         if name in models:
             raise TableError(f"alias {name!r} shadows a model of the same name", f"aliases.{name}")
@@ -542,11 +630,13 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         document=document,
         revisions=revisions,
         batch_pools=batch_pools,
+        issued_at_s=parse_issued_at(document.get("issued_at")),
+        revoked_keys=parse_revoked_keys(document.get("revoked_keys")),
     )
 
 
-def load_verified(body: bytes, public_keys: Iterable[Ed25519PublicKey]) -> RoutingTable:
-    """Parse JSON bytes, verify the signature, then check the shape."""
+def verified_document(body: bytes, public_keys: Iterable[Ed25519PublicKey]) -> dict[str, Any]:
+    """Parse JSON bytes and verify the signature; the shape is not checked yet."""
     try:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -554,7 +644,12 @@ def load_verified(body: bytes, public_keys: Iterable[Ed25519PublicKey]) -> Routi
     if not isinstance(document, dict):
         raise TableError("a table must be a JSON object")
     verify_table(document, public_keys)
-    return parse_table(document)
+    return document
+
+
+def load_verified(body: bytes, public_keys: Iterable[Ed25519PublicKey]) -> RoutingTable:
+    """Parse JSON bytes, verify the signature, then check the shape."""
+    return parse_table(verified_document(body, public_keys))
 
 
 def save_last_known_good(state_dir: str | Path, table: RoutingTable) -> Path:
@@ -596,3 +691,14 @@ def load_last_known_good(
     except FileNotFoundError:
         return None
     return load_verified(body, list(public_keys))
+
+
+def with_tenants(table: RoutingTable, tenants: Mapping[str, TenantRules]) -> RoutingTable:
+    """The same table serving only `tenants` (keys revoked since it was signed are left out)."""
+    return RoutingTable(
+        version=table.version, edge=table.edge, issued_at=table.issued_at,
+        key_id=table.key_id, hash=table.hash, models=table.models, tenants=tenants,
+        policy=table.policy, aliases=table.aliases, document=table.document,
+        revisions=table.revisions, batch_pools=table.batch_pools,
+        issued_at_s=table.issued_at_s, revoked_keys=table.revoked_keys,
+    )

@@ -27,6 +27,7 @@ from aiohttp import web
 class Behaviour:
     status: int = 200  # answer this status (with an OpenAI-shaped error) instead
     delay_s: float = 0.0  # before the head of the answer
+    held: asyncio.Event | None = None  # answer only once the test sets it (after delay_s)
     event_gap_s: float = 0.0  # between SSE events
     tokens: int = 5
     tool_call: bool = False  # stream the tokens as a tool call's arguments
@@ -165,6 +166,8 @@ class FakeEngine:
         try:
             if behaviour.delay_s:
                 await asyncio.sleep(behaviour.delay_s)
+            if behaviour.held is not None:
+                await behaviour.held.wait()
             if behaviour.status != 200 and behaviour.error_body is not None:
                 return web.json_response(behaviour.error_body, status=behaviour.status)
             if behaviour.status != 200:

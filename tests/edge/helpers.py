@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
 import os
 import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
@@ -20,12 +19,15 @@ import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until
+from edge import admin_auth
 from edge.keys import public_key_id
 from edge.server import Edge, EdgeConfig
 from edge.table import canonical_bytes, sign_table
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+ADMIN_SECRET = b"edge-test-admin-secret-0123456789"
 
 
 def signed_body(table: Mapping[str, Any], key: Ed25519PrivateKey) -> bytes:
@@ -37,8 +39,10 @@ class EdgeUnderTest:
     """An edge in this event loop, with its two base URLs and a client session."""
 
     def __init__(self, edge: Edge, port: int, admin_port: int,
-                 session: aiohttp.ClientSession, scheme: str = "http") -> None:
+                 session: aiohttp.ClientSession, scheme: str = "http",
+                 admin_secret: bytes = ADMIN_SECRET) -> None:
         self.edge = edge
+        self.admin_secret = admin_secret
         self.url = f"{scheme}://127.0.0.1:{port}"
         self.admin_url = f"http://127.0.0.1:{admin_port}"
         self.session = session
@@ -47,7 +51,13 @@ class EdgeUnderTest:
         return await self.put_table(signed_body(table, key))
 
     async def put_table(self, body: bytes) -> tuple[int, Any]:
-        async with self.session.put(self.admin_url + "/admin/table", data=body) as response:
+        return await self.admin("PUT", "/admin/table", body)
+
+    async def admin(self, method: str, path: str, body: bytes = b"") -> tuple[int, Any]:
+        """An admin API call signed with the edge's admin secret: (status, JSON answer)."""
+        headers = {admin_auth.HEADER: admin_auth.sign(self.admin_secret, method, path, body)}
+        async with self.session.request(method, self.admin_url + path, data=body,
+                                        headers=headers) as response:
             return response.status, await response.json()
 
     async def chat(self, model: str, content: str = "hello", key: str = "sk-test",
@@ -64,13 +74,15 @@ async def running_edge(key: Ed25519PrivateKey, state_dir: Path, name: str = "edg
                        tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | None = None,
                        **config: Any) -> AsyncIterator[EdgeUnderTest]:
     config.setdefault("probes", False)
+    config.setdefault("admin_secret", ADMIN_SECRET)
     edge = Edge(EdgeConfig(name=name, region="local:test-1", state_dir=state_dir,
                            public_keys=[key.public_key()], **config))
     port, admin_port = await edge.start(("127.0.0.1", 0), ("127.0.0.1", 0), tls)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20),
                                     connector=aiohttp.TCPConnector(ssl=client_tls or True))
     try:
-        yield EdgeUnderTest(edge, port, admin_port, session, "https" if tls else "http")
+        yield EdgeUnderTest(edge, port, admin_port, session, "https" if tls else "http",
+                            config["admin_secret"] or ADMIN_SECRET)
     finally:
         await session.close()
         await edge.stop(drain_s=0.5)
@@ -94,14 +106,6 @@ def start_engine_process(port: int, delay_s: float = 0.0,
         process.kill()
         raise RuntimeError("fake engine did not start")
     return process
-
-
-async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def enginesim_command(port: int, host: str = "127.0.0.1",
@@ -137,8 +141,8 @@ def enginesims(count: int) -> Iterator[list[int]]:
     processes = [start_enginesim(port) for port in ports]
     try:
         for port in ports:
-            asyncio.run(wait_until(lambda port=port: health_answers(
-                f"http://127.0.0.1:{port}"), timeout_s=20))
+            wait_until(functools.partial(health_answers, f"http://127.0.0.1:{port}"), 60,
+                       f"enginesim on port {port} answering /health")
         yield ports
     finally:
         for process in processes:

@@ -6,32 +6,32 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
-import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge.table import TABLE_FILE, canonical_bytes, sign_table
 
 from .conftest import TableFactory
-from .helpers import running_edge, signed_body
+from .helpers import EdgeUnderTest, running_edge, signed_body
 
 
-async def served(session: aiohttp.ClientSession, admin_url: str) -> dict:  # type: ignore[type-arg]
-    async with session.get(admin_url + "/admin/table") as response:
-        assert response.status == 200
-        return dict(await response.json())
+async def served(edge: EdgeUnderTest) -> dict[str, Any]:
+    status, summary = await edge.admin("GET", "/admin/table")
+    assert status == 200
+    return dict(summary)
 
 
 def test_a_signed_newer_table_is_persisted_then_served(
         signing_key: Ed25519PrivateKey, state_dir: Path, make_table: TableFactory) -> None:
     async def scenario() -> None:
         async with running_edge(signing_key, state_dir) as edge:
-            assert (await served(edge.session, edge.admin_url))["version"] is None
+            assert (await served(edge))["version"] is None
             status, body = await edge.push(make_table(version=3), signing_key)
             assert status == 200 and body["version"] == 3
             on_disk = json.loads((state_dir / TABLE_FILE).read_bytes())
             assert on_disk["version"] == 3 and on_disk["signature"]
-            summary = await served(edge.session, edge.admin_url)
+            summary = await served(edge)
             assert (summary["version"], summary["hash"], summary["source"]) == (
                 3, body["hash"], "push")
 
@@ -65,7 +65,7 @@ def test_tampered_unsigned_foreign_and_older_tables_are_refused_and_change_nothi
                 assert (status, answer["error"]["code"]) == (want_status, want_code), answer
                 assert set(answer["error"]) == {"message", "type", "param", "code"}
             assert (state_dir / TABLE_FILE).read_bytes() == before
-            summary = await served(edge.session, edge.admin_url)
+            summary = await served(edge)
             assert (summary["version"], summary["hash"]) == (5, accepted["hash"])
             async with edge.session.get(edge.admin_url + "/metrics") as response:
                 text = await response.text()
@@ -97,7 +97,7 @@ def test_restart_serves_the_last_known_good_table(
             status, first = await edge.push(make_table(version=11), signing_key)
             assert status == 200
         async with running_edge(signing_key, state_dir) as edge:
-            summary = await served(edge.session, edge.admin_url)
+            summary = await served(edge)
             assert (summary["version"], summary["hash"], summary["source"]) == (
                 11, first["hash"], "disk")
             # And the rule against going back survives the restart.
@@ -116,7 +116,7 @@ def test_an_edited_table_on_disk_is_not_served(
         document["tenants"] = {}
         (state_dir / TABLE_FILE).write_bytes(canonical_bytes(document))
         async with running_edge(signing_key, state_dir) as edge:
-            assert (await served(edge.session, edge.admin_url))["version"] is None
+            assert (await served(edge))["version"] is None
             async with edge.session.get(edge.admin_url + "/healthz") as response:
                 assert response.status == 503
 
@@ -138,8 +138,7 @@ def test_health_and_metrics_endpoints(signing_key: Ed25519PrivateKey, state_dir:
                          "meridian_edge_ejections_total", "meridian_edge_retries_total",
                          "meridian_edge_time_to_first_token_seconds"):
                 assert f"# TYPE {name}" in text
-            async with edge.session.get(edge.admin_url + "/admin/replicas") as response:
-                rows = (await response.json())["replicas"]
+            rows = (await edge.admin("GET", "/admin/replicas"))[1]["replicas"]
             assert [row["id"] for row in rows] == ["r1"]
 
     asyncio.run(scenario())

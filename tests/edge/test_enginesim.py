@@ -5,6 +5,7 @@ its answer had been sent."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import httptools
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.waiting import wait_until, wait_until_async
+
 from .conftest import API_KEY, TableFactory, replica
 from .helpers import (
     enginesims,
@@ -22,7 +25,6 @@ from .helpers import (
     post_json,
     running_edge,
     start_enginesim,
-    wait_until,
 )
 
 pytest.importorskip("enginesim")
@@ -32,8 +34,8 @@ def enginesim_port() -> Iterator[int]:
     port = free_port()
     process = start_enginesim(port)
     try:
-        asyncio.run(wait_until(lambda: health_answers(f"http://127.0.0.1:{port}"),
-                               timeout_s=20))
+        wait_until(lambda: health_answers(f"http://127.0.0.1:{port}"), 60,
+                   "enginesim answering /health")
         yield port
     finally:
         process.kill()
@@ -109,8 +111,9 @@ def test_streams_from_enginesim_arrive_byte_identical(
                 assert received.endswith(b"data: [DONE]\n\n")
                 assert received == response_body(bytes(relay.downstream))
                 assert len(chunks) > 3
-                await wait_until(lambda: edge.edge.metrics.tokens.get(
-                    ("sim", "local:lab-1", "acme", "completion")) == 20)
+                await wait_until_async(lambda: edge.edge.metrics.tokens.get(
+                    ("sim", "local:lab-1", "acme", "completion")) == 20, 30,
+                    "20 completion tokens counted")
         finally:
             await relay.stop()
 
@@ -124,8 +127,8 @@ def test_an_enginesim_that_dies_mid_request_costs_no_client_an_error(
     try:
         async def scenario() -> None:
             for port in ports:
-                await wait_until(lambda port=port: health_answers(
-                    f"http://127.0.0.1:{port}"), timeout_s=20)
+                await wait_until_async(functools.partial(health_answers, f"http://127.0.0.1:{port}"),
+                                       60, f"enginesim on port {port} answering /health")
             table = make_table(models={"sim": [
                 replica("dies", f"http://127.0.0.1:{ports[0]}"),
                 replica("lives", f"http://127.0.0.1:{ports[1]}")]},
@@ -136,7 +139,8 @@ def test_an_enginesim_that_dies_mid_request_costs_no_client_an_error(
                 # Not streamed: nothing reaches a client before its answer is complete.
                 tasks = [asyncio.ensure_future(edge.chat("sim", f"question {i}", max_tokens=30))
                          for i in range(6)]
-                await wait_until(lambda: edge.edge.stats["dies"].inflight >= 2)
+                await wait_until_async(lambda: edge.edge.stats["dies"].inflight >= 2, 30,
+                                       "two requests in flight on the engine that dies")
                 request = urllib.request.Request(
                     f"http://127.0.0.1:{ports[0]}/sim/faults", method="POST",
                     data=json.dumps({"mode": "die"}).encode(),

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.waiting import wait_until_async
+
 from .conftest import TableFactory, replica
 from .fake_engine import Behaviour, FakeEngine
-from .helpers import free_port, running_edge, start_engine_process, wait_until
+from .helpers import free_port, running_edge, start_engine_process
 
 
 def test_killing_an_engine_gives_no_client_error_for_requests_not_yet_answered(
@@ -31,7 +33,8 @@ def test_killing_an_engine_gives_no_client_error_for_requests_not_yet_answered(
                 assert (await edge.push(table, signing_key))[0] == 200
                 inflight = [asyncio.ensure_future(edge.chat("m", f"request {i}"))
                             for i in range(8)]
-                await wait_until(lambda: edge.edge.stats["doomed"].inflight > 0)
+                await wait_until_async(lambda: edge.edge.stats["doomed"].inflight > 0, 30,
+                                       "a request in flight on the doomed engine")
                 processes[0].send_signal(signal.SIGKILL)
                 processes[0].wait()
                 later = [await edge.chat("m", f"later {i}") for i in range(4)]
@@ -62,11 +65,13 @@ def test_health_probes_take_a_sick_replica_out_and_bring_it_back(
                                     probe_interval_s=0.05) as edge:
                 assert (await edge.push(table, signing_key))[0] == 200
                 sick.behaviour = Behaviour(health_status=503)
-                await wait_until(lambda: not edge.edge.stats["sick"].probe_ok)
+                await wait_until_async(lambda: not edge.edge.stats["sick"].probe_ok, 30,
+                                       "the sick replica's probe failing")
                 response = await edge.chat("m")
                 assert response.headers["x-meridian-replica"] == "well"
                 sick.behaviour = Behaviour()
-                await wait_until(lambda: edge.edge.stats["sick"].probe_ok)
+                await wait_until_async(lambda: edge.edge.stats["sick"].probe_ok, 30,
+                                       "the sick replica's probe passing again")
                 assert (await edge.chat("m")).headers["x-meridian-replica"] == "sick"
         finally:
             await sick.stop()
@@ -89,7 +94,8 @@ def test_queue_depth_and_kv_usage_come_from_the_engines_metrics(
             async with running_edge(signing_key, state_dir, probes=True,
                                     probe_interval_s=0.05) as edge:
                 assert (await edge.push(table, signing_key))[0] == 200
-                await wait_until(lambda: edge.edge.stats["busy"].waiting == 30)
+                await wait_until_async(lambda: edge.edge.stats["busy"].waiting == 30, 30,
+                                       "the busy engine's queue probed")
                 assert edge.edge.stats["busy"].kv_usage == 0.9
                 assert (await edge.chat("m")).headers["x-meridian-replica"] == "calm"
         finally:

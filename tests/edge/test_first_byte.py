@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab import netns
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until_async
 from edge.table import TableError, parse_table
 
 from .conftest import TableFactory, replica
@@ -31,7 +32,6 @@ from .helpers import (
     health_answers,
     post_json,
     running_edge,
-    wait_until,
 )
 
 LIMIT = {"first_byte_timeout_s": 1.0, "eject_after_failures": 1, "eject_base_s": 30.0,
@@ -90,7 +90,8 @@ def test_a_hung_engine_costs_no_request_its_answer_and_is_ejected(
             # non-streamed request waiting there follows at the watch's next pass.
             streamed = asyncio.ensure_future(edge.chat(
                 "sim", messages[0]["content"], stream=True, max_tokens=30))
-            await wait_until(lambda: edge.edge.stats["hung"].inflight == 1)
+            await wait_until_async(lambda: edge.edge.stats["hung"].inflight == 1, 30,
+                                   "the stream on the hung replica")
             plain = asyncio.ensure_future(edge.chat("sim", "another question", max_tokens=30))
             stream_response, plain_response = await streamed, await plain
             assert stream_response.status == 200
@@ -211,7 +212,8 @@ def test_a_pooled_connection_that_times_out_sends_the_request_elsewhere_at_once(
                        preexec_fn=die_with_parent())
     try:
         async def scenario() -> None:
-            await wait_until(lambda: health_answers(far_url), timeout_s=30)
+            await wait_until_async(lambda: health_answers(far_url), 60,
+                                   "the far engine answering /health")
             table = make_table(models={"sim": [
                 replica("far", far_url, rtt_ms=1),
                 replica("near", f"http://127.0.0.1:{engines[1]}", rtt_ms=90)]},

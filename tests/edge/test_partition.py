@@ -19,10 +19,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab import netns
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until_async
 from regions.geo import one_way_ms
 
 from .conftest import TableFactory, replica
-from .helpers import free_port, running_edge, wait_until
+from .helpers import free_port, running_edge
 
 ROOT = Path(__file__).resolve().parents[2]
 FAR_KM = 1000.0  # Frankfurt to London, about
@@ -63,7 +64,8 @@ def test_a_partitioned_replica_is_ejected_and_no_unstarted_request_fails(
     outcomes: list[Outcome] = []
     try:
         async def scenario() -> None:
-            await wait_until(lambda: _answers(far_url) and _answers(near_url), timeout_s=30)
+            await wait_until_async(lambda: _answers(far_url) and _answers(near_url), 60,
+                                   "both engines answering")
             table = make_table(models={"sim": [replica("far", far_url, rtt_ms=10),
                                                replica("near", near_url, rtt_ms=1)]},
                                policy={"scorers": {"load": 1.0}, "retry_before_first_byte": 2,
@@ -104,16 +106,19 @@ def test_a_partitioned_replica_is_ejected_and_no_unstarted_request_fails(
                 workers = [asyncio.ensure_future(client(w)) for w in range(6)]
                 stats = edge.edge.stats
                 # Partitioned with streams of the far replica under way, and more waiting.
-                await wait_until(lambda: "far" in stats and stats["far"].inflight >= 2 and any(
-                    o.replica == "far" and not o.done for o in outcomes), timeout_s=30)
+                await wait_until_async(lambda: "far" in stats and stats["far"].inflight >= 2
+                                       and any(o.replica == "far" and not o.done
+                                               for o in outcomes), 30,
+                                       "two streams under way on the far replica")
                 region.partition()
                 cut_at = time.monotonic()
-                await wait_until(lambda: stats["far"].ejected(time.monotonic()), timeout_s=60)
+                await wait_until_async(lambda: stats["far"].ejected(time.monotonic()), 60,
+                                       "the partitioned replica ejected")
                 ejected_after = time.monotonic() - cut_at
                 # Load goes on past the ejection: later requests find the other replica.
                 settled = len(outcomes)
-                await wait_until(lambda: sum(o.done for o in outcomes[settled:]) >= 12,
-                                 timeout_s=60)
+                await wait_until_async(lambda: sum(o.done for o in outcomes[settled:]) >= 12,
+                                       60, "12 requests done after the ejection")
                 stop.set()
                 await asyncio.wait_for(asyncio.gather(*workers), 90)
                 cut = sum(o.started and not o.done for o in outcomes)

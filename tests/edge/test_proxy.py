@@ -16,9 +16,11 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.waiting import wait_until_async
+
 from .conftest import API_KEY, TableFactory, replica, tenant
 from .fake_engine import Behaviour, FakeEngine
-from .helpers import EdgeUnderTest, running_edge, wait_until
+from .helpers import EdgeUnderTest, running_edge
 
 Scenario = Callable[..., Coroutine[Any, Any, None]]
 
@@ -110,8 +112,8 @@ def test_stream_is_byte_identical_to_the_engines(edge_with: Callable[..., Any],
             chunks = [chunk async for chunk in response.content.iter_any()]
             assert b"".join(chunks) == expected
             assert len(chunks) > 5  # relayed as it came, not gathered into one piece
-            await wait_until(lambda: edge.edge.metrics.tokens.get(("m", "local:lab-1", "acme", "completion"))
-                             >= 12)
+            await wait_until_async(lambda: edge.edge.metrics.tokens.get(
+                ("m", "local:lab-1", "acme", "completion")) >= 12, 30, "12 completion tokens counted")
             assert edge.edge.metrics.itl.count(("m",)) >= 5
 
     run(scenario())
@@ -277,7 +279,8 @@ def test_a_stream_cut_by_the_engine_with_resumption_off_ends_with_an_error_event
             assert json.loads(last.removeprefix("data: "))["error"]["code"] == (
                 "stream_interrupted")
             assert other.requests == []  # bytes had reached the client: no retry
-            await wait_until(lambda: edge.edge.stats["flaky"].consecutive_failures == 1)
+            await wait_until_async(lambda: edge.edge.stats["flaky"].consecutive_failures == 1,
+                                   30, "the cut stream counted as a failure")
 
     run(scenario())
 
@@ -290,14 +293,15 @@ def test_a_client_that_leaves_cancels_the_engines_work(edge_with: Callable[..., 
             response = await edge.chat("m", stream=True)
             await response.content.readline()
             response.close()  # the client hangs up mid-stream
-            await wait_until(lambda: engine.abandoned == 1)
-            await wait_until(lambda: edge.edge.stats["r1"].inflight == 0)
+            await wait_until_async(lambda: engine.abandoned == 1, 30, "the stream abandoned")
+            await wait_until_async(lambda: edge.edge.stats["r1"].inflight == 0, 30,
+                                   "nothing in flight")
             # A non-streaming request abandoned while the engine is still working, too.
             engine.behaviour = Behaviour(delay_s=5)
             task = asyncio.ensure_future(edge.chat("m"))
-            await wait_until(lambda: engine.in_flight == 1)
+            await wait_until_async(lambda: engine.in_flight == 1, 30, "the request at the engine")
             task.cancel()
-            await wait_until(lambda: engine.abandoned == 2)
+            await wait_until_async(lambda: engine.abandoned == 2, 30, "the request abandoned")
 
     run(scenario())
 
@@ -325,23 +329,28 @@ def test_a_full_replica_makes_requests_wait_then_refuses_past_the_deadline(
     async def scenario() -> None:
         async with engines("m") as (engine,), edge_with(
                 models={"m": [replica("r1", engine.url, max_inflight=1)]},
-                policy={"queue_timeout_s": 3.0}) as edge:
-            engine.behaviour = Behaviour(delay_s=0.3)
+                policy={"queue_timeout_s": 30.0}) as edge:
+            held = asyncio.Event()
+            engine.behaviour = Behaviour(held=held)
             first = asyncio.ensure_future(edge.chat("m"))
-            await wait_until(lambda: engine.in_flight == 1)
-            second = await edge.chat("m")  # waits for the first to finish
-            assert second.status == 200 and (await first).status == 200
+            await wait_until_async(lambda: engine.in_flight == 1, 30, "the first at the engine")
+            second = asyncio.ensure_future(edge.chat("m"))  # waits for the first to finish
+            await wait_until_async(lambda: edge.edge.queue.waiting == 1, 30, "the second queued")
+            held.set()
+            assert (await second).status == 200 and (await first).status == 200
             assert edge.edge.metrics.queue_waits.get(("interactive", "woken")) >= 1
 
         async with engines("m") as (engine,), edge_with(
                 models={"m": [replica("r1", engine.url, max_inflight=1)]},
                 policy={"queue_timeout_s": 0.1}, version=2) as edge:
-            engine.behaviour = Behaviour(delay_s=1.0)
+            held = asyncio.Event()
+            engine.behaviour = Behaviour(held=held)  # busy until the refusal
             first = asyncio.ensure_future(edge.chat("m"))
-            await wait_until(lambda: engine.in_flight == 1)
+            await wait_until_async(lambda: engine.in_flight == 1, 30, "the first at the engine")
             refused = await edge.chat("m")
             await expect_error(503, "no_capacity")(refused)
             assert "retry-after" in refused.headers
+            held.set()
             assert (await first).status == 200
 
     run(scenario())
@@ -351,13 +360,15 @@ def test_a_full_wait_queue_answers_429(edge_with: Callable[..., Any]) -> None:
     async def scenario() -> None:
         async with engines("m") as (engine,), edge_with(
                 models={"m": [replica("r1", engine.url, max_inflight=1)]},
-                config={"max_queue": 1}, policy={"queue_timeout_s": 5.0}) as edge:
-            engine.behaviour = Behaviour(delay_s=0.5)
+                config={"max_queue": 1}, policy={"queue_timeout_s": 30.0}) as edge:
+            held = asyncio.Event()
+            engine.behaviour = Behaviour(held=held)  # busy until the 429
             first = asyncio.ensure_future(edge.chat("m"))
-            await wait_until(lambda: engine.in_flight == 1)
+            await wait_until_async(lambda: engine.in_flight == 1, 30, "the first at the engine")
             waiting = asyncio.ensure_future(edge.chat("m"))
-            await wait_until(lambda: edge.edge.queue.waiting == 1)
+            await wait_until_async(lambda: edge.edge.queue.waiting == 1, 30, "one queued")
             await expect_error(429, "queue_full")(await edge.chat("m"))
+            held.set()
             assert (await first).status == 200 and (await waiting).status == 200
 
     run(scenario())
@@ -367,17 +378,20 @@ def test_batch_yields_to_interactive_when_both_wait(edge_with: Callable[..., Any
     async def scenario() -> None:
         async with engines("m") as (engine,), edge_with(
                 models={"m": [replica("r1", engine.url, max_inflight=2)]},
-                policy={"queue_timeout_s": 5.0, "batch_queue_timeout_s": 5.0,
+                policy={"queue_timeout_s": 30.0, "batch_queue_timeout_s": 30.0,
                         "batch_max_share": 0.5}) as edge:
-            engine.behaviour = Behaviour(delay_s=0.3)
+            held = asyncio.Event()
+            engine.behaviour = Behaviour(held=held)  # busy until both wait
             first = asyncio.ensure_future(edge.chat("m", "first"))
             second = asyncio.ensure_future(edge.chat("m", "second"))
-            await wait_until(lambda: engine.in_flight == 2)
+            await wait_until_async(lambda: engine.in_flight == 2, 30, "two at the engine")
             batch = asyncio.ensure_future(edge.chat("m", "batch",
                                                     headers={"x-meridian-tier": "batch"}))
-            await wait_until(lambda: edge.edge.queue.waiting == 1)
+            await wait_until_async(lambda: edge.edge.queue.waiting == 1, 30, "the batch queued")
             interactive = asyncio.ensure_future(edge.chat("m", "interactive"))
-            await wait_until(lambda: edge.edge.queue.waiting == 2)
+            await wait_until_async(lambda: edge.edge.queue.waiting == 2, 30,
+                                   "the interactive queued too")
+            held.set()
             for task in (first, second, batch, interactive):
                 assert (await task).status == 200
             order = [r["messages"][0]["content"] for r in engine.requests]

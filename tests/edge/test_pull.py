@@ -11,10 +11,11 @@ from typing import Any
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.waiting import wait_until_async
 from edge.table import canonical_bytes, sign_table
 
 from .conftest import TableFactory
-from .helpers import running_edge, wait_until
+from .helpers import running_edge
 
 
 class FakeControlPlane:
@@ -55,11 +56,11 @@ def test_pull_takes_new_tables_and_sends_if_none_match(
                                     control_plane=f"http://127.0.0.1:{port}",
                                     control_plane_token="edge-token",
                                     pull_interval_s=0.05) as edge:
-                await wait_until(lambda: edge.edge.table is not None)
+                await wait_until_async(lambda: edge.edge.table is not None, 30, "a pulled table")
                 served = edge.edge.table
                 assert served is not None and served.version == 3
                 assert edge.edge.table_source == "pull"
-                await wait_until(lambda: len(plane.seen) >= 3)
+                await wait_until_async(lambda: len(plane.seen) >= 3, 30, "three pulls")
                 assert plane.seen[0] == {"if-none-match": "", "authorization":
                                          "Bearer edge-token", "name": "edge-test"}
                 assert plane.seen[-1]["if-none-match"] == f'"{served.hash}"'
@@ -68,12 +69,14 @@ def test_pull_takes_new_tables_and_sends_if_none_match(
                 tampered["tenants"] = {}
                 plane.table = tampered
                 seen = len(plane.seen)
-                await wait_until(lambda: len(plane.seen) >= seen + 3)
+                await wait_until_async(lambda: len(plane.seen) >= seen + 3, 30,
+                                       "three pulls of the tampered table")
                 assert edge.edge.table is served  # refused: still serving version 3
 
                 plane.table = sign_table(make_table(version=5), signing_key)
-                await wait_until(lambda: edge.edge.table is not None
-                                 and edge.edge.table.version == 5)
+                await wait_until_async(lambda: edge.edge.table is not None
+                                       and edge.edge.table.version == 5, 30,
+                                       "version 5 pulled")
         finally:
             await runner.cleanup()
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.lab.waiting import wait_until_async
+
 from .conftest import API_KEY, replica, tenant
 from .fake_engine import Behaviour
-from .helpers import wait_until
 from .test_proxy import edge_with, engines, run
 
 __all__ = ["edge_with"]  # test_proxy's fixture, used here too
@@ -105,8 +106,9 @@ def test_a_cut_stream_goes_on_from_another_replica_as_one_stream(
                 assert resumed["prompt"] == "Say: t0 t1 t2"
             metrics = edge.edge.metrics
             assert metrics.resumptions.get(("resumed",)) == 1
-            await wait_until(lambda: edge.edge.stats["flaky"].inflight == 0
-                             and edge.edge.stats["other"].inflight == 0)
+            await wait_until_async(lambda: edge.edge.stats["flaky"].inflight == 0
+                                   and edge.edge.stats["other"].inflight == 0, 30,
+                                   "both replicas idle")
             assert edge.edge.stats["flaky"].consecutive_failures == 1
 
     run(scenario())

@@ -244,8 +244,7 @@ def test_the_edge_counts_requests_ttft_and_itl_by_the_answering_revision(
                 await response.read()
                 async with edge.session.get(edge.admin_url + "/metrics") as answer:
                     text = await answer.text()
-                async with edge.session.get(edge.admin_url + "/admin/replicas") as answer:
-                    rows = (await answer.json())["replicas"]
+                rows = (await edge.admin("GET", "/admin/replicas"))[1]["replicas"]
         finally:
             for engine in [*engines, plain]:
                 await engine.stop()

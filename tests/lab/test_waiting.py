@@ -35,8 +35,9 @@ def test_ignored_errors_are_not_yet_and_others_propagate() -> None:
     with pytest.raises(WaitTimeout) as caught:
         wait_until(lambda: [][0], 0.05, "an item", every_s=0.01, ignore=(IndexError,))
     assert isinstance(caught.value.last, IndexError)
+    empty: dict[str, int] = {}
     with pytest.raises(KeyError):
-        wait_until(lambda: {}["x"], 30, "a key", ignore=(OSError,))
+        wait_until(lambda: empty["x"], 30, "a key", ignore=(OSError,))
 
 
 def test_the_async_wait_lets_other_tasks_run_between_tries() -> None:
