@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab.waiting import wait_until_async
 from edge.local import build_table
 from tests.edge.conftest import API_KEY, replica, signing_key, tenant
-from tests.edge.helpers import running_edge, wait_until
+from tests.edge.helpers import running_edge
 from tests.edge.test_enginesim import RecordingRelay, response_body
 from tests.real_engine import RealEngine, start_vllm
 
@@ -100,8 +101,9 @@ def test_a_real_engines_stream_arrives_byte_for_byte(
                 assert received == response_body(bytes(relay.downstream))
                 usage = json.loads(received.split(b"data: ")[-2])["usage"]
                 assert usage["completion_tokens"] > 0
-                await wait_until(lambda: edge.edge.metrics.tokens.get(
-                    (MODEL, "local:lab-1", "acme", "completion")) == usage["completion_tokens"])
+                await wait_until_async(lambda: edge.edge.metrics.tokens.get(
+                    (MODEL, "local:lab-1", "acme", "completion")) == usage["completion_tokens"],
+                    30, "the completion tokens counted")
         finally:
             await relay.stop()
 
@@ -156,7 +158,8 @@ def test_a_real_engine_killed_under_traffic_loses_no_request(
             tasks = [asyncio.ensure_future(edge.chat(MODEL, f"Tell me a fact about {i}.",
                                                      max_tokens=48))
                      for i in range(8)]
-            await wait_until(lambda: edge.edge.stats["r0"].inflight >= 2, timeout_s=30)
+            await wait_until_async(lambda: edge.edge.stats["r0"].inflight >= 2, 30,
+                                   "two requests in flight on the engine to kill")
             os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
             responses = [await task for task in tasks]
             assert [r.status for r in responses] == [200] * 8
