@@ -14,9 +14,9 @@ from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover import services
 from controlplane.failover.models import Incident, IncidentKind
+from controlplane.lab.waiting import wait_until
 from controlplane.provisioning import services as provisioning
 from regions.models import Cloud, Offer, Quota, Region
-from tests.provisioning.helpers import wait_until
 from tests.provisioning.test_local import spec, wait_running
 
 pytestmark = pytest.mark.django_db
@@ -104,7 +104,7 @@ def test_a_drill_kills_the_region_and_the_watch_loop_takes_it_from_there(  # typ
                                                 {"region": "local:eu-frankfurt"}, format="json")
         assert again.status_code == 400 and "still running" in again.json()["region"][0]
 
-        report = wait_until(lambda: (r := services.watch()).failed and r, 30, what="failures seen")
+        report = wait_until(lambda: (r := services.watch()).failed and r, 60, "failures seen")
         assert sorted(report.failed) == sorted(r.public_id for r in victims)
         incident.refresh_from_db()
         assert incident.kind == IncidentKind.DRILL and incident.detected_at is not None

@@ -1,30 +1,14 @@
-"""Small waiting and process helpers shared by the provider tests."""
+"""Small process helpers shared by the provider tests."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
-from typing import TypeVar
 
 from controlplane.lab.processes import die_with_parent
-
-T = TypeVar("T")
-
-
-def wait_until(probe: Callable[[], T], timeout_s: float = 20.0, every_s: float = 0.05,
-               what: str = "condition") -> T:
-    """Call `probe` until it returns something truthy; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"{what} not reached in {timeout_s} s (last: {last!r})")
+from controlplane.lab.waiting import wait_until
 
 
 def port_open(port: int) -> bool:
@@ -42,7 +26,7 @@ def start_relay(upstream: int, listens: dict[int, float]) -> subprocess.Popen[by
         argv += ["--listen", f"127.0.0.1:{port}={delay_ms}"]
     relay = subprocess.Popen(argv, preexec_fn=die_with_parent())
     for port in listens:
-        wait_until(lambda p=port: port_open(p), 15, what=f"relay listening on {port}")
+        wait_until(functools.partial(port_open, port), 60, f"relay listening on {port}")
     return relay
 
 

@@ -14,9 +14,10 @@ import pytest
 
 from controlplane.failover.probes import probe_all
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until
 from controlplane.provisioning.local import free_port
 
-from .helpers import port_open, stop, wait_until
+from .helpers import port_open, stop
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_sigusr1_black_holes_the_relay_and_heals_it(echo_port: int) -> None:
                               "--listen", f"127.0.0.1:{port}=1"],
                              stderr=subprocess.PIPE, preexec_fn=die_with_parent())
     try:
-        wait_until(lambda: port_open(port), 15, what="relay listening")
+        wait_until(lambda: port_open(port), 60, "relay listening")
         held = socket.create_connection(("127.0.0.1", port), timeout=5)
         held.sendall(b"before")
         assert held.recv(6) == b"before"
