@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until
 from edge.__main__ import admin_host_port, host_port
 from edge.keys import public_key_pem
 from edge.local import admin_request
@@ -59,17 +59,11 @@ def test_python_m_edge_serves_its_last_known_good_table_and_stops_on_sigterm(
                        "MERIDIAN_EDGE_ADMIN_SECRET": ADMIN_SECRET.decode()},
         preexec_fn=die_with_parent())
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                body = admin_request(f"http://127.0.0.1:{admin_port}", "/admin/table",
-                                     ADMIN_SECRET, timeout_s=2)
-                status = 200
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "the edge did not start"
-                time.sleep(0.05)
-        assert (status, body["version"], body["source"]) == (200, 21, "disk")
+        body = wait_until(lambda: admin_request(f"http://127.0.0.1:{admin_port}",
+                                                "/admin/table", ADMIN_SECRET, timeout_s=10),
+                          60, "the edge's admin listener answering",
+                          ignore=(OSError,))  # refused, reset or timed out while it starts
+        assert (body["version"], body["source"]) == (21, "disk")
         assert get(f"http://127.0.0.1:{port}/healthz") == (200, {"status": "ok",
                                                                   "table_version": 21})
         process.send_signal(signal.SIGTERM)

@@ -12,9 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controlplane.lab.waiting import wait_until, wait_until_async
 from enginesim.faults import FaultError, parse_faults
 from enginesim.profiles import Profile
 from enginesim.server import SERVER_KEY
+from tests.edge.helpers import health_answers
 
 from .conftest import engine_of, free_port, run, serving
 
@@ -70,10 +72,9 @@ def test_a_hung_engine_stalls_streams_and_requests_until_it_is_released() -> Non
             produced = engine.state().generation_tokens
             health = asyncio.ensure_future(session.get(base + "/health"))
             # The server's own evidence that the request is held, rather than a pause.
-            deadline = time.monotonic() + 30
-            while server.held == 0 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert server.held == 1 and not health.done()
+            await wait_until_async(lambda: server.held == 1, 30,
+                                   "the request held at the hung engine's gate")
+            assert not health.done()
             assert engine.state().generation_tokens == produced  # no step completes
             await set_faults(session, base, mode="none")
             assert (await asyncio.wait_for(health, 30)).status == 200
@@ -115,14 +116,8 @@ def test_a_dying_engine_answers_the_admin_request_then_vanishes() -> None:
                              "--model", "m", "--profile", "instant"],
                             stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "enginesim did not start"
-                time.sleep(0.05)
+        wait_until(lambda: health_answers(f"http://127.0.0.1:{port}"), 60,
+                   "enginesim answering /health")
         request = urllib.request.Request(f"http://127.0.0.1:{port}/sim/faults",
                                          data=b'{"mode": "die"}', method="POST",
                                          headers={"Content-Type": "application/json"})

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
+
+from controlplane.lab.waiting import wait_until_async
 
 from .conftest import FAST, engine_of, run, serving
 
@@ -206,10 +206,8 @@ def test_a_client_that_hangs_up_frees_its_place_in_the_batch() -> None:
             await response.content.readuntil(b"\n\n")
             assert len(engine.scheduler.running) == 1
             response.close()
-            deadline = time.monotonic() + 30
-            while engine.scheduler.running and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            assert not engine.scheduler.running
+            await wait_until_async(lambda: not engine.scheduler.running, 30,
+                                   "the abandoned request out of the batch")
             assert engine.scheduler.pool.usage() == 0.0
             assert engine.metrics.success["abort"] == 1
     run(scenario())
