@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from controlplane.lab.waiting import wait_until
+
 from .conftest import Engine
 
 CONTRACT_VLLM_VERSION = "0.32.0"
@@ -448,15 +450,15 @@ def test_metrics_carry_vllms_names_labelled_by_model(engine: Engine) -> None:
         "model": engine.model, "prompt": "Tokens, please.", "max_tokens": 3})
     assert status == 200
     generated = body["usage"]["completion_tokens"]
-    deadline = time.monotonic() + 5
-    while True:
+
+    def grown() -> str | None:
         after = engine.metrics()
         grew = (counter(after, "vllm:generation_tokens_total", engine.model)
                 - counter(before, "vllm:generation_tokens_total", engine.model))
-        if grew >= generated or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert grew >= generated
+        return after if grew >= generated else None
+
+    after = wait_until(grown, 30, f"vllm:generation_tokens_total grown by {generated}",
+                       every_s=0.1)
     parser = pytest.importorskip("prometheus_client.parser")
     families = {f.name for f in parser.text_string_to_metric_families(after)}
     assert {"vllm:time_to_first_token_seconds", "vllm:prompt_tokens"} <= families
@@ -479,13 +481,8 @@ def test_a_repeated_long_prompt_is_served_from_the_prefix_cache_and_says_so(
     status, warm = engine.post_json("/v1/completions", body)
     cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert prompt_tokens // 2 <= cached < prompt_tokens, (cached, prompt_tokens)
-    deadline = time.monotonic() + 5
-    while True:
-        hits = counter(engine.metrics(), "vllm:prefix_cache_hits_total", engine.model)
-        if hits - hits_before >= cached or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert hits - hits_before >= cached
+    wait_until(lambda: counter(engine.metrics(), "vllm:prefix_cache_hits_total", engine.model)
+               - hits_before >= cached, 30, f"{cached} prefix cache hits counted", every_s=0.1)
     # Streamed, the usage chunk says the same.
     _, events, _ = stream(engine, "/v1/completions", {
         **body, "stream_options": {"include_usage": True}})

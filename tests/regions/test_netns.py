@@ -13,6 +13,7 @@ import time
 import pytest
 
 from controlplane.lab import netns
+from controlplane.lab.waiting import wait_until
 from regions.geo import one_way_ms
 
 
@@ -90,10 +91,8 @@ def test_what_a_killed_test_process_made_is_removed_by_its_watchdog() -> None:
     assert name in _names() and outer in _names()
     child.send_signal(signal.SIGKILL)
     child.wait()
-    deadline = time.monotonic() + 30
-    while name in _names() or outer in _names():
-        assert time.monotonic() < deadline, "the watchdog left the namespace behind"
-        time.sleep(0.1)
+    wait_until(lambda: name not in _names() and outer not in _names(), 60,
+               "the watchdog removing the namespaces", every_s=0.1)
 
 
 def test_stale_namespaces_of_dead_processes_are_swept() -> None:
