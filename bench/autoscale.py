@@ -8,7 +8,9 @@ the engine admits (a queue builds at once and stays), and measures seconds from 
 request to the stored ScalingDecision. Placement runs the real solver; the replicas it
 requests are recorded at the Celery boundary instead of launched.
 
-    python bench/autoscale.py [--quick] [--trials N]
+    python bench/autoscale.py [--quick | --smoke] [--trials N]
+
+(`--smoke`: one trial after one quiet scrape, to check that every step runs, not the figures)
 
 Prints progress on stderr and one JSON line last on stdout. Target: ≤ 10 s (SkyServe waits
 300 s by default before scaling up; Knative's panic window is 6 s).
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -35,43 +36,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from controlplane.lab.processes import die_with_parent  # noqa: E402
+from controlplane.lab.engines import free_port, start_enginesims, stop_all  # noqa: E402
+from controlplane.lab.waiting import WaitTimeout, wait_until  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 MAX_NUM_SEQS = 4
 CONCURRENCY = 16
 TARGET_S = 10.0
 INTERVAL_S = 2.0
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "trials", "decision_s_p50", "decision_s_max",
+               "target_s", "met", "cadence_s", "results")
 
 
 def log(message: str) -> None:
     print(f"[autoscale] {message}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_engine(port: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "enginesim", "--port", str(port), "--model", MODEL,
-         "--max-num-seqs", str(MAX_NUM_SEQS)], cwd=REPO, env=env, stderr=subprocess.DEVNULL,
-        preexec_fn=die_with_parent())
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-            return process
-        except OSError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("enginesim did not start") from None
-            time.sleep(0.1)
+    """One enginesim admitting MAX_NUM_SEQS sequences at once, answering /health."""
+    return start_enginesims([port], model=MODEL,
+                            extra=("--max-num-seqs", str(MAX_NUM_SEQS)))[0]
 
 
 def setup(url: str) -> Any:
@@ -191,7 +176,8 @@ def engine_idle(url: str) -> bool:
     return snap.running + snap.waiting == 0
 
 
-def trial(url: str, deployment: Any, rng: random.Random) -> dict[str, Any]:
+def trial(url: str, deployment: Any, rng: random.Random, quiet_scrapes: int = 2
+          ) -> dict[str, Any]:
     from controlplane.deployments.models import Replica
     from controlplane.deployments.models import ReplicaState as S
     from controlplane.scaling.models import ScalingDecision
@@ -203,19 +189,17 @@ def trial(url: str, deployment: Any, rng: random.Random) -> dict[str, Any]:
     phase = rng.uniform(0, INTERVAL_S)
     loops = ControlLoops(phase)
     loops.start()
-    time.sleep(INTERVAL_S * 2 + rng.uniform(0, INTERVAL_S))  # quiet scrapes first
+    time.sleep(INTERVAL_S * quiet_scrapes + rng.uniform(0, INTERVAL_S))  # quiet scrapes first
     load = Load(url)
     load.start()
     load.begun.wait(10)
     decision = None
-    deadline = time.time() + 30
     try:
-        while time.time() < deadline:
-            decision = ScalingDecision.objects.filter(deployment=deployment,
-                                                      direction="up").first()
-            if decision is not None:
-                break
-            time.sleep(0.1)
+        decision = wait_until(
+            lambda: ScalingDecision.objects.filter(deployment=deployment, direction="up").first(),
+            30.0, "a scale-up decision after the overload began", every_s=0.1)
+    except WaitTimeout:
+        pass  # the control loops' errors, if any, say more than the timeout
     finally:
         load.stop.set()
         load.join(30)
@@ -225,8 +209,8 @@ def trial(url: str, deployment: Any, rng: random.Random) -> dict[str, Any]:
         raise RuntimeError(f"control loop failed: {loops.errors[:3]}")
     if decision is None:
         raise RuntimeError("no scale-up decision within 30 s of the overload")
-    while not engine_idle(url):
-        time.sleep(0.2)
+    wait_until(lambda: engine_idle(url), 60.0, "the engine to finish the overload's requests",
+               every_s=0.2)
     seconds = decision.at.timestamp() - load.started_at
     held = decision.signals.get("sustained_s", {})
     return {"decision_s": round(seconds, 2), "phase_s": round(phase, 2),
@@ -238,10 +222,12 @@ def trial(url: str, deployment: Any, rng: random.Random) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="three trials")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one trial after one quiet scrape: every step, not the figures")
     parser.add_argument("--trials", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    trials = args.trials or (3 if args.quick else 10)
+    trials = args.trials or (1 if args.smoke else 3 if args.quick else 10)
     port = free_port()
     engine = start_engine(port)
     url = f"http://127.0.0.1:{port}"
@@ -250,16 +236,16 @@ def main() -> None:
         rng = random.Random(args.seed)
         results = []
         for i in range(trials):
-            result = trial(url, deployment, rng)
+            result = trial(url, deployment, rng, quiet_scrapes=1 if args.smoke else 2)
             log(f"trial {i + 1}/{trials}: decision {result['decision_s']} s after the overload "
                 f"began (autoscale phase {result['phase_s']} s): {result['reason']}")
             results.append(result)
     finally:
-        engine.terminate()
-        engine.wait(10)
+        stop_all([engine])
     seconds = sorted(r["decision_s"] for r in results)
     print(json.dumps({
-        "benchmark": "autoscale", "quick": args.quick, "trials": len(results),
+        "benchmark": "autoscale", "quick": args.quick, "smoke": args.smoke,
+        "trials": len(results),
         "decision_s_p50": round(statistics.median(seconds), 2),
         "decision_s_max": seconds[-1], "target_s": TARGET_S, "met": seconds[-1] <= TARGET_S,
         "cadence_s": INTERVAL_S, "results": results,

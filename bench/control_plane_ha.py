@@ -22,7 +22,11 @@ serving 30 s after the drill, a replica stuck pending, provisioning or starting 
 `api_error_rate` while the kills happen (from the first kill to 10 s after the last), and
 the two drills' times and their ratio.
 
-    python bench/control_plane_ha.py [--quick]
+    python bench/control_plane_ha.py [--quick | --smoke] [--lab FILE]
+
+`--smoke` (the disturbed drill only, followed until its replacements serve, no 30 s wait for
+lost actions) checks that every step runs, not the figures; `--lab FILE` drives a running
+lab started with `--replicas-of-each 2` instead of starting one.
 
 Every process dies with the benchmark, even when it is SIGKILLed (the lab runs under a
 parent-death signal and stops its children; the lab's guard stops the engines). Progress on
@@ -52,8 +56,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from failover import Lab, _iso, api, free_port, stop_lab, wait_ready  # noqa: E402
-from failover import start_lab as failover_lab  # noqa: E402
+from controlplane.lab.child_lab import (  # noqa: E402
+    Lab,
+    api,
+    iso_time,
+    running_lab,
+    wait_ready,
+)
+from controlplane.lab.engines import free_port  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 CALM_REGION, DRILL_REGION = "local:us-virginia", "local:ap-tokyo"
@@ -63,6 +73,14 @@ LOST_AFTER_S = 30.0
 KINDS = {"web": "gunicorn", "worker": "-Q control", "provisioner": "-Q provision",
          "beat": " beat "}
 KILL_AT_S = {"web": 0.2, "worker": 0.6, "provisioner": 1.2, "beat": 2.0}
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "double_actions", "lost_actions",
+               "api_error_rate", "api_calls_during_kills", "api_first_attempt_error_rate",
+               "drill_s_undisturbed", "drill_s_disturbed", "drill_ratio", "kills",
+               "processes_after", "double", "lost", "drills", "targets")
+# Its smoke run can drive a lab another process started (--lab): one with two of each
+# control-plane process.
+SMOKE_LAB = {"args": ["--replicas-of-each", "2"]}
 
 
 def log(message: str) -> None:
@@ -71,14 +89,10 @@ def log(message: str) -> None:
 
 # -- the lab ----------------------------------------------------------------------------------
 
-def start_lab(var_dir: Path) -> Lab:
-    def relay(text: str) -> None:  # keep the lab's restarts visible
-        if "starting it again" in text or "exited" in text:
-            log("  lab: " + text.strip())
-
-    return failover_lab(var_dir, replicas_per_region=1, name_prefix="meridian_bench_ha",
-                        start_timeout_s=300, on_line=relay,
-                        extra=["--prometheus-port", str(free_port()), "--replicas-of-each", "2"])
+def relay(text: str) -> None:
+    """Keep the lab's restarts visible."""
+    if "starting it again" in text or "exited" in text:
+        log("  lab: " + text.strip())
 
 
 def lab_children(lab: Lab) -> dict[str, list[int]]:
@@ -92,7 +106,7 @@ def lab_children(lab: Lab) -> dict[str, list[int]]:
             argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode() + " "
         except (OSError, IndexError, ValueError):
             continue
-        if ppid != lab.process.pid:
+        if ppid != lab.pid:
             continue
         for kind, marker in KINDS.items():
             if marker in argv:
@@ -178,10 +192,13 @@ def chat_trickle(lab: Lab, stop: threading.Event) -> None:
 
 # -- drills -----------------------------------------------------------------------------------
 
-def drill(lab: Lab, region: str, kill: bool, timeout_s: float) -> dict[str, Any]:
+def drill(lab: Lab, region: str, kill: bool, timeout_s: float,
+          until_resolved: bool = True) -> dict[str, Any]:
+    """A drill in `region` (`kill`: one of each control-plane process SIGKILLed meanwhile),
+    followed until its incident is resolved, or only until the replacements serve."""
     kills: dict[str, dict[str, Any]] = {}
     incident = api("POST", f"{lab.base}/api/v1/incidents/drill/", lab.token, {"region": region})
-    started = _iso(incident["started_at"])
+    started = iso_time(incident["started_at"])
     if kill:
         children = lab_children(lab)
         for kind, at in sorted(KILL_AT_S.items(), key=lambda kv: kv[1]):
@@ -204,9 +221,11 @@ def drill(lab: Lab, region: str, kill: bool, timeout_s: float) -> dict[str, Any]
             time.sleep(0.25)
             continue
         if detail["replacement_ready_at"] and ready_at is None:
-            ready_at = _iso(detail["replacement_ready_at"])
+            ready_at = iso_time(detail["replacement_ready_at"])
+            if not until_resolved:
+                break
         if detail["resolved_at"]:
-            resolved_at = _iso(detail["resolved_at"])
+            resolved_at = iso_time(detail["resolved_at"])
             break
         time.sleep(0.25)
     result = {
@@ -241,10 +260,14 @@ def audit_findings(lab: Lab, since: float, drills: list[dict[str, Any]]) -> dict
             "SELECT id, state FROM deployments_replica WHERE state IN "
             "('pending', 'provisioning', 'starting') AND created_at < now() - interval '30 s'"
         ).fetchall()
-        incidents = {i: conn.execute(
-            "SELECT failed_replicas, extract(epoch from detected_at), "
-            "extract(epoch from replacement_ready_at) FROM failover_incident WHERE id = %s",
-            [i]).fetchone() for i in (d["incident"] for d in drills)}
+        incidents: dict[int, tuple[list[str], float | None, float | None]] = {}
+        for drilled in drills:
+            row = conn.execute(
+                "SELECT failed_replicas, extract(epoch from detected_at), "
+                "extract(epoch from replacement_ready_at) FROM failover_incident WHERE id = %s",
+                [drilled["incident"]]).fetchone()
+            if row is not None:
+                incidents[drilled["incident"]] = (list(row[0]), row[1], row[2])
     # Replacements: each failover request names the replicas it replaces in its reason.
     replaced_by: Counter[str] = Counter()
     for action, actor, _, reason, _, _ in rows:
@@ -255,7 +278,7 @@ def audit_findings(lab: Lab, since: float, drills: list[dict[str, Any]]) -> dict
     # A replacement request names every replica it replaces: n failures placed together make
     # n requests naming each, so a replica is replaced twice when it is named more often
     # than the replicas lost beside it.
-    together = Counter()
+    together: Counter[str] = Counter()
     for failed_list, *_ in incidents.values():
         for name in failed_list:
             together[name] = len(failed_list)
@@ -285,13 +308,26 @@ def audit_findings(lab: Lab, since: float, drills: list[dict[str, Any]]) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run that goes through every step: the disturbed "
+                             "drill only, followed until its replacements serve, no wait for "
+                             "lost actions")
+    parser.add_argument("--lab", type=Path, metavar="FILE",
+                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
+                             ".describe_lab; started with SMOKE_LAB's arguments) instead of "
+                             "starting one")
     parser.add_argument("--api-threads", type=int, default=4)
     args = parser.parse_args()
-    timeout_s = 60.0 if args.quick else 120.0
-    with tempfile.TemporaryDirectory(prefix="meridian-ha-") as tmp:
-        log("starting the lab (two of each control-plane process; 3 regions × 1 replica)")
-        t0 = time.monotonic()
-        lab = start_lab(Path(tmp))
+    timeout_s = 30.0 if args.smoke else 60.0 if args.quick else 120.0
+    # Anything lost shows after LOST_AFTER_S; a smoke run does not wait for it.
+    lost_wait_s = 0.0 if args.smoke else LOST_AFTER_S
+    log("starting the lab (two of each control-plane process; 3 regions × 1 replica)"
+        if args.lab is None else f"driving the lab of {args.lab}")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="meridian-ha-") as tmp, running_lab(
+            args.lab, Path(tmp), replicas_per_region=1, name_prefix="meridian_bench_ha",
+            start_timeout_s=300, on_line=relay,
+            extra=["--prometheus-port", str(free_port()), *SMOKE_LAB["args"]]) as lab:
         stop = threading.Event()
         try:
             wait_ready(lab, 3)
@@ -300,12 +336,16 @@ def main() -> None:
             load = ApiLoad(lab, threads=args.api_threads)
             load.start()
             threading.Thread(target=chat_trickle, args=(lab, stop), daemon=True).start()
-            time.sleep(2)
-            log(f"undisturbed drill in {CALM_REGION}")
-            calm = drill(lab, CALM_REGION, kill=False, timeout_s=timeout_s)
-            calm_calls, calm_errors = load.between(calm["started"], time.time())
+            time.sleep(0.5 if args.smoke else 2)
+            calm: dict[str, Any] = {"s_to_replacement_ready": None, "s_to_resolved": None}
+            calm_calls, calm_errors = 0, list[str]()
+            if not args.smoke:
+                log(f"undisturbed drill in {CALM_REGION}")
+                calm = drill(lab, CALM_REGION, kill=False, timeout_s=timeout_s)
+                calm_calls, calm_errors = load.between(calm["started"], time.time())
             log(f"disturbed drill in {DRILL_REGION}: one of each process SIGKILLed")
-            hit = drill(lab, DRILL_REGION, kill=True, timeout_s=timeout_s)
+            hit = drill(lab, DRILL_REGION, kill=True, timeout_s=timeout_s,
+                        until_resolved=not args.smoke)
             window = (hit["started"], hit["started"] + max(KILL_AT_S.values()) + 10)
             time.sleep(max(0.0, window[1] - time.time()))
             calls, errors = load.between(*window)
@@ -313,19 +353,18 @@ def main() -> None:
             load.stop.set()
             stop.set()
             # Anything lost shows after LOST_AFTER_S: wait that long past the last kill.
-            time.sleep(max(0.0, hit["started"] + max(KILL_AT_S.values()) + LOST_AFTER_S
+            time.sleep(max(0.0, hit["started"] + max(KILL_AT_S.values()) + lost_wait_s
                            - time.time()))
-            findings = audit_findings(lab, since, [calm, hit])
+            findings = audit_findings(lab, since, [d for d in (calm, hit) if "incident" in d])
             restarted = lab_children(lab)
         finally:
             stop.set()
-            stop_lab(lab)
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None or b == 0 else round(a / b, 2)
 
     result = {
-        "benchmark": "control_plane_ha", "quick": args.quick,
+        "benchmark": "control_plane_ha", "quick": args.quick, "smoke": args.smoke,
         "double_actions": findings["double_actions"], "lost_actions": findings["lost_actions"],
         "api_error_rate": round(len(errors) / calls, 4) if calls else None,
         "api_calls_during_kills": calls, "api_errors_during_kills": len(errors),

@@ -21,6 +21,7 @@ same edge run from source (`MERIDIAN_EDGE_PURE=1`) is measured beside it on JSON
 "edge-source", so the JSON shows what compiling buys (`compiled_rps_ratio_vs_source`).
 
     python bench/edge_overhead.py --quick
+    python bench/edge_overhead.py --smoke   (every step, not the figures)
 
 prints progress to stderr and one JSON line last on stdout.
 """
@@ -45,7 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 import httptools  # noqa: E402
 
+from controlplane.lab.engines import stop_all  # noqa: E402
 from controlplane.lab.processes import die_with_parent  # noqa: E402
+from controlplane.lab.waiting import WaitTimeout, wait_until  # noqa: E402
 from edge import BUILD  # noqa: E402
 from edge.local import LocalEdge, build_table, free_port, replica_entry  # noqa: E402
 
@@ -71,6 +74,13 @@ RESPONSE_JSON = json.dumps({
     "usage": {"prompt_tokens": 38, "completion_tokens": 10, "total_tokens": 48},
 }, separators=(",", ":")).encode()
 SSE_EVENTS = 20
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("added_p50_ms_c1", "added_p99_ms_c1", "added_p50_ms_c32", "added_p99_ms_c32",
+               "rps_ratio_vs_direct", "rps_ratio_vs_nginx", "sse_rps_ratio_vs_nginx",
+               "sse_added_ttft_p50_ms_c1", "compiled_rps_ratio_vs_source",
+               "edge_cpu_us_per_request", "nginx_cpu_us_per_request", "cpu_ratio_vs_nginx",
+               "errors", "detail", "smoke", "seconds", "upstream", "edge_replicas",
+               "edge_build", "cpus")
 
 
 def sse_events() -> list[bytes]:
@@ -389,15 +399,16 @@ def start_nginx(upstream_port: int, workdir: Path) -> tuple[subprocess.Popen[byt
     process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(workdir)],
                                stderr=subprocess.DEVNULL,
                                preexec_fn=die_with_parent(signal.SIGTERM))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process, port
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    return None
+    def listening() -> bool:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+
+    try:
+        wait_until(listening, 10.0, f"nginx to listen on port {port}", ignore=(OSError,))
+    except WaitTimeout:
+        stop_all([process])
+        return None
+    return process, port
 
 
 def summary(results: dict[str, Result]) -> dict[str, dict[str, float]]:
@@ -424,9 +435,10 @@ def ratio(s: dict[str, dict[str, float]], a: str, b: str, key: str = "per_s") ->
     return round(s[a][key] / s[b][key], 3)
 
 
-async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
-    n_c1 = 1500 if quick else 5000
-    seconds, n_rounds = (0.5, 6) if quick else (2.0, 8)
+async def measure(targets: list[Target], quick: bool, smoke: bool = False
+                  ) -> dict[str, object]:
+    n_c1 = 100 if smoke else 1500 if quick else 5000
+    seconds, n_rounds = (0.2, 2) if smoke else (0.5, 6) if quick else (2.0, 8)
     names = ", ".join(t.name for t in targets)
     # The edge run from source is measured on JSON only, where the two builds differ.
     streams = [t for t in targets if t.name != "edge-source"]
@@ -477,6 +489,8 @@ async def measure(targets: list[Target], quick: bool) -> dict[str, object]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run of about 30 seconds")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few hundred requests per target: every step, not the figures")
     parser.add_argument("--no-nginx", action="store_true")
     parser.add_argument("--replicas", type=int, default=2,
                         help="replica entries in the edge's table, all for the one upstream")
@@ -526,18 +540,13 @@ def main() -> int:
             log(f"nginx (1 worker, keep-alive upstream, buffering off) on 127.0.0.1:{nginx[1]}")
         else:
             log("nginx not found (or --no-nginx): no nginx comparison")
-        result = uvloop.run(measure(targets, args.quick))
+        result = uvloop.run(measure(targets, args.quick, args.smoke))
     finally:
         for e in edges:
             e.close()
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
         shutil.rmtree(workdir, ignore_errors=True)
+    result["smoke"] = args.smoke
     result["seconds"] = round(time.monotonic() - started, 1)
     result["upstream"] = "in-file minimal HTTP/1.1 server with vLLM-shaped answers"
     result["edge_replicas"] = args.replicas

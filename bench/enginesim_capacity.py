@@ -14,7 +14,9 @@ mean, and the ITL the profile models for that batch size (it grows with the batc
 model; the ramp stops at the first level that fails. Also reported: the server's CPU use
 during the level, which says how much headroom one core has left.
 
-    python bench/enginesim_capacity.py [--quick]
+    python bench/enginesim_capacity.py [--quick | --smoke]
+
+(`--smoke`: the first level only, to check that every step runs, not the figures)
 
 Progress goes to stderr; one JSON line last on stdout, with max_streams_within_10pct.
 """
@@ -26,7 +28,6 @@ import asyncio
 import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,21 +37,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controlplane.lab.processes import die_with_parent  # noqa: E402
+from controlplane.lab.engines import (  # noqa: E402
+    free_port,
+    start_enginesim,
+    stop_group,
+    wait_healthy,
+)
 from enginesim.profiles import BUILTIN, DEFAULT  # noqa: E402
 
 LEVELS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)
 TOLERANCE = 0.10
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "profile", "max_streams_within_10pct", "target",
+               "levels", "seconds")
 
 
 def log(message: str) -> None:
     print(f"[enginesim_capacity] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- the load process ----------------------------------------------------------------------
@@ -148,43 +151,30 @@ def measure(port: int, server_pid: int, streams: int, tokens: int) -> dict[str, 
             "gaps_sampled": len(gaps), "incomplete_streams": incomplete, "within_10pct": ok}
 
 
-def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"enginesim exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("enginesim did not become healthy")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="40 tokens per stream (plus one per 8 streams), not 150")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the first level only, 20 tokens per stream: every step, not "
+                             "the figures")
     parser.add_argument("--load", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load:
         load_main(*args.load)
         return
     profile = BUILTIN[DEFAULT]
-    base_tokens = 40 if args.quick else 150
+    base_tokens = 20 if args.smoke else 40 if args.quick else 150
+    levels = LEVELS[:1] if args.smoke else LEVELS
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "enginesim", "--port", str(port),
-                               "--model", "sim"], cwd=REPO, stderr=subprocess.DEVNULL,
-                              preexec_fn=die_with_parent())
+    server = start_enginesim(port)
     results: list[dict[str, object]] = []
     started = time.monotonic()
     try:
-        wait_healthy(port, server)
+        wait_healthy(f"http://127.0.0.1:{port}", server, 30.0, every_s=0.1)
         log(f"profile {profile.name}: {profile.itl_s * 1e3:.0f} ms ITL alone, +"
             f"{profile.itl_growth_per_seq:.1%} per extra sequence")
-        for streams in LEVELS:
+        for streams in levels:
             if streams > profile.max_num_seqs:
                 break
             # Admitting and prefilling a large batch takes longer: give its streams more
@@ -199,10 +189,10 @@ def main() -> None:
             if not result["within_10pct"]:
                 break
     finally:
-        server.terminate()
-        server.wait(10)
+        stop_group(server)
     passing = [int(r["streams"]) for r in results if r["within_10pct"]]  # type: ignore[call-overload]
     print(json.dumps({"benchmark": "enginesim_capacity", "quick": args.quick,
+                      "smoke": args.smoke,
                       "profile": profile.name,
                       "max_streams_within_10pct": max(passing, default=0), "target": 128,
                       "levels": results, "seconds": round(time.monotonic() - started, 1)}))

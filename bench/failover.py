@@ -33,7 +33,12 @@ build from `make engine`, one core each): two regions with one engine each, so n
 two real engines run at once (the killed one's replacement starts once it is dead). Only the
 first drill runs: the second would kill the region holding every engine left.
 
-    python bench/failover.py [--quick] [--engine vllm] [--fault kill|partition]
+    python bench/failover.py [--quick | --smoke] [--engine vllm] [--fault kill|partition]
+        [--lab FILE]
+
+`--smoke` (one replica per region, the first drill only, a second of load either side of
+it, no wait for a real engine's replacement) checks that every step runs, not the figures;
+`--lab FILE` drives a running lab instead of starting one (controlplane.lab.child_lab).
 
 Progress on stderr; one JSON line last on stdout.
 """
@@ -42,17 +47,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import queue
-import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -60,7 +59,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -68,8 +66,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from controlplane.lab import netns  # noqa: E402
-from controlplane.lab.processes import die_with_parent  # noqa: E402
+from controlplane.lab.child_lab import (  # noqa: E402
+    Lab,
+    api,
+    edge_replicas,
+    iso_time,
+    running_lab,
+    wait_ready,
+)
 
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "engine", "quick", "smoke", "fault", "partitioned_by",
+               "concurrency", "requests", "failed_before_first_byte", "streams_cut",
+               "streams_resumed", "resumed_text_ok", "s_to_last_error", "s_to_tables_pushed",
+               "s_to_region_down", "s_to_replacement_ready", "ttft_p95_s", "runs", "targets")
+# Its smoke run can drive a lab another process started (--lab) with the lab's defaults.
+# `--smoke --engine vllm` runs too, but starts a lab of real engines (minutes: two vLLM
+# starts), so the smoke test leaves it out.
+SMOKE_LAB: dict[str, object] = {}
 # The lab's served model name per engine (controlplane.lab.fleet.FLEETS).
 MODELS = {"enginesim": "llama-3.1-8b", "vllm": "smollm2-135m-instruct"}
 # Replicas per region: real engines take a core each, and the machine has two.
@@ -80,155 +94,6 @@ LAB_REGION_KEYS = ("local:eu-frankfurt", "local:us-virginia", "local:ap-tokyo")
 
 def log(message: str) -> None:
     print(f"[failover] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_edge_base() -> int:
-    """Four free ports for the lab's edges (base, base + 1, base + 10, base + 11), below the
-    kernel's ephemeral range: a port the kernel hands out for bind(0) — as the lab's engines
-    and relays get theirs, after this check — never lands on them."""
-    low = 10000
-    with contextlib.suppress(OSError, ValueError):
-        low = min(int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]),
-                  32768)
-    for _ in range(100):
-        base = random.randrange(10000, max(10001, low - 12))
-        ports = [base, base + 1, base + 10, base + 11]
-        try:
-            for port in ports:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free edge ports")
-
-
-def api(method: str, url: str, token: str, body: dict[str, Any] | None = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
-# -- the lab ----------------------------------------------------------------------------------
-
-@dataclass
-class Lab:
-    process: subprocess.Popen[str]
-    base: str
-    token: str
-    demo_key: str
-    edges: dict[str, tuple[str, str]]  # region key → (client URL, admin URL)
-    database: str
-    database_url: str
-
-
-def start_lab(var_dir: Path, engine: str = "enginesim", *,
-              replicas_per_region: int | None = None, extra: Sequence[str] = (), name_prefix: str = "meridian_bench_failover",
-              start_timeout_s: float = 240, on_line: Callable[[str], None] | None = None) -> Lab:
-    """A lab of its own (database, Redis database, ports, var dir) that dies with this
-    process; `on_line` sees each line it prints once it is up (else its output is drained)."""
-    web = free_port()
-    edge_base = free_edge_base()
-    default_db = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/meridian")
-    name = f"{name_prefix}_{web}"
-    database_url = urlunsplit(urlsplit(default_db)._replace(path=f"/{name}"))
-    env = {**os.environ, "DATABASE_URL": database_url,
-           "REDIS_URL": os.environ.get("BENCH_REDIS_URL", f"redis://127.0.0.1:6379/{1 + web % 15}"),
-           "MERIDIAN_BEAT_STALE_S": "60"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
-         str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region",
-         str(replicas_per_region or REPLICAS_PER_REGION[engine]), "--engine", engine, *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # A killed benchmark stops its lab (SIGTERM: the lab stops its processes and engines).
-        start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
-    # Lines are read on a thread of their own: a lab that exits while a process it started
-    # still holds the pipe (no end of file) must not block this one for ever.
-    lines: queue.Queue[str] = queue.Queue()
-    started = threading.Event()
-
-    def drain() -> None:  # never let the lab block on a full pipe
-        for text in process.stdout:  # type: ignore[union-attr]
-            if not started.is_set():
-                lines.put(text)
-            elif on_line is not None:
-                on_line(text)
-
-    threading.Thread(target=drain, daemon=True).start()
-    token = None
-    deadline = time.monotonic() + start_timeout_s
-    try:
-        while token is None:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                line = ""
-            if not line and process.poll() is not None:
-                raise RuntimeError("the lab exited while starting (its logs: "
-                                   f"{var_dir / 'lab' / 'logs'})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the lab did not start in {start_timeout_s:.0f} s")
-            if "API token" in line:
-                token = line.split()[-1]
-    except BaseException:
-        # Nothing of a lab that did not start is left: its processes, its database.
-        stop_lab(Lab(process, "", "", "", {}, name, database_url))
-        raise
-    started.set()
-    while not lines.empty() and on_line is not None:
-        on_line(lines.get())
-    base = f"http://127.0.0.1:{web}"
-    edges = {"local:eu-frankfurt": (f"http://127.0.0.1:{edge_base}",
-                                    f"http://127.0.0.1:{edge_base + 10}"),
-             "local:us-virginia": (f"http://127.0.0.1:{edge_base + 1}",
-                                   f"http://127.0.0.1:{edge_base + 11}")}
-    demo_key = (var_dir / "lab" / "demo-api-key").read_text().strip()
-    return Lab(process, base, token, demo_key, edges, name, database_url)
-
-
-def stop_lab(lab: Lab) -> None:
-    try:
-        os.killpg(lab.process.pid, signal.SIGINT)
-        lab.process.wait(timeout=90)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(lab.process.pid, signal.SIGKILL)
-    import psycopg
-
-    params = urlsplit(lab.database_url)
-    with psycopg.connect(host=params.hostname, port=params.port or 5432,
-                         user=params.username or "postgres", dbname="postgres",
-                         autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{lab.database}" WITH (FORCE)')
-
-
-def wait_ready(lab: Lab, replicas: int, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            rows = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
-                       lab.token)["results"]
-            tables_ok = all(
-                len(_edge_replicas(admin)) >= replicas for _, admin in lab.edges.values())
-            if len(rows) >= replicas and tables_ok:
-                return
-        except (OSError, urllib.error.URLError, KeyError):
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"fewer than {replicas} replicas ready after {timeout_s:.0f} s")
-
-
-def _edge_replicas(admin: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{admin}/admin/replicas", timeout=2) as response:
-        return list(json.loads(response.read())["replicas"])
 
 
 # -- load -------------------------------------------------------------------------------------
@@ -376,7 +241,7 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
     if cut is None:
         incident = await asyncio.to_thread(api, "POST", f"{lab.base}/api/v1/incidents/drill/",
                                            lab.token, {"region": region})
-        started = _iso(incident["started_at"])
+        started = iso_time(incident["started_at"])
     else:
         started = time.time()
         await asyncio.to_thread(cut, region)
@@ -407,7 +272,7 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
         detail = await asyncio.to_thread(api, "GET", f"{lab.base}/api/v1/incidents/"
                                          f"{incident['id']}/", lab.token)
         if detail["replacement_ready_at"] and ready_at is None:
-            ready_at = _iso(detail["replacement_ready_at"])
+            ready_at = iso_time(detail["replacement_ready_at"])
         await asyncio.sleep(0.25)
     log("  region down at " + (f"+{down_at - started:.2f} s" if down_at else "— (never)"))
     log("  replacements ready at " + (f"+{ready_at - started:.2f} s" if ready_at else "— (timed out)"))
@@ -454,7 +319,7 @@ def _region_down_at(lab: Lab, region: str) -> float | None:
                lab.token)["results"]
     for row in rows:
         if row["region"] == region:
-            return _iso(row["changed_at"])
+            return iso_time(row["changed_at"])
     return None
 
 
@@ -464,7 +329,7 @@ def _incident_since(lab: Lab, region: str, since: float) -> dict[str, Any] | Non
     rows = api("GET", f"{lab.base}/api/v1/incidents/?ordering=-started_at&page_size=20",
                lab.token)["results"]
     for row in rows:
-        if row["region"] == region and _iso(row["started_at"]) >= since - 1.0:
+        if row["region"] == region and iso_time(row["started_at"]) >= since - 1.0:
             return dict(row)
     return None
 
@@ -514,16 +379,10 @@ class Partitions:
             self._lab = None
 
 
-def _iso(value: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
 async def _tables_without(lab: Lab, region: str, since: float, timeout_s: float) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        tables = await asyncio.gather(*(asyncio.to_thread(_edge_replicas, admin)
+        tables = await asyncio.gather(*(asyncio.to_thread(edge_replicas, admin)
                                         for _, admin in lab.edges.values()))
         if all(all(r["region"] != region for r in rows) for rows in tables):
             return time.time()
@@ -551,14 +410,25 @@ def main() -> None:
                         help="how --fault partition cuts: the region's network namespace "
                              "link (default, where namespaces can be made) or a black hole "
                              "in its relays (the edges' side only)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run that goes through every step: one replica per "
+                             "region, the first drill only, seconds of load")
+    parser.add_argument("--lab", type=Path, metavar="FILE",
+                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
+                             ".describe_lab) instead of starting one")
     args = parser.parse_args()
-    concurrency = args.concurrency or (8 if args.quick else 24)
-    warm_s, after_s = (4.0, 3.0) if args.quick else (15.0, 15.0)
+    if args.lab is not None and args.fault == "partition":
+        parser.error("--fault partition starts its own lab (its regions' namespaces are set "
+                     "when the lab starts): leave out --lab")
+    concurrency = args.concurrency or (4 if args.smoke else 8 if args.quick else 24)
+    warm_s, after_s = ((1.0, 1.0) if args.smoke else (4.0, 3.0) if args.quick
+                       else (15.0, 15.0))
     real = args.engine == "vllm"
-    per_region = REPLICAS_PER_REGION[args.engine]
+    per_region = 1 if args.smoke else REPLICAS_PER_REGION[args.engine]
     regions = 2 if real else 3
     # A real engine takes 20-70 s to start (longer on a busy machine): so does a replacement.
-    timeout_s = 300.0 if real else 90.0
+    # A smoke run does not wait for a real one.
+    timeout_s = 30.0 if args.smoke else 300.0 if real else 90.0
     model = MODELS[args.engine]
     bare = None
     verb = "kill" if args.fault == "kill" else "partition"
@@ -569,30 +439,30 @@ def main() -> None:
             log(f"partitions by {partitions.by}")
             os.environ.update(partitions.environment)  # the lab and its workers inherit it
         log(f"starting the lab ({regions} local regions × {per_region} {args.engine} "
-            "replicas, 2 edges)")
+            "replicas, 2 edges)" if args.lab is None else f"driving the lab of {args.lab}")
         started = time.monotonic()
         try:
-            lab = start_lab(Path(tmp), args.engine)
-            try:
+            with running_lab(args.lab, Path(tmp), engine=args.engine,
+                             replicas_per_region=per_region,
+                             name_prefix="meridian_bench_failover") as lab:
                 wait_ready(lab, regions * per_region, timeout_s=300 if real else 180)
                 log(f"lab ready in {time.monotonic() - started:.0f} s")
                 cut = partitions.cut if partitions is not None else None
                 log(f"run 1 (normal): {verb} local:eu-frankfurt under load through edge-eu")
                 normal = asyncio.run(drill(lab, "local:eu-frankfurt", concurrency, warm_s,
                                            after_s, timeout_s, model, cut))
-                if not real:
+                if not real and not args.smoke:
                     log(f"run 2 (no_ejection): passive ejection off; {verb} local:us-virginia "
                         "via edge-us")
                     set_ejection(lab, 100)
                     time.sleep(2)  # the policy reaches the edges with the next table
                     bare = asyncio.run(drill(lab, "local:us-virginia", concurrency, warm_s,
                                              after_s, timeout_s, model, cut))
-            finally:
-                stop_lab(lab)
         finally:
             if partitions is not None:
                 partitions.close()
     print(json.dumps({"benchmark": "failover", "engine": args.engine, "quick": args.quick,
+                      "smoke": args.smoke,
                       "fault": args.fault,
                       "partitioned_by": partitions.by if partitions is not None else None,
                       "concurrency": concurrency,

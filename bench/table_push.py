@@ -6,7 +6,10 @@ before it answers. The edges here are lightweight admin endpoints (one aiohttp p
 serving one port per edge, verifying every table); the control-plane side is the real code.
 Reports per-edge ack latency percentiles from the commit.
 
-    python bench/table_push.py [--quick] [--edges 10,100,1000]
+    python bench/table_push.py [--quick | --smoke] [--edges 10,100,1000]
+
+(`--quick` runs the same rounds as the full run; `--smoke`: 10 edges, one trial, to check
+that every step runs, not the figures)
 
 Prints progress on stderr and one JSON line last on stdout.
 """
@@ -20,17 +23,23 @@ import os
 import statistics
 import sys
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+# What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
+RESULT_KEYS = ("benchmark", "quick", "smoke", "edges", "push_p50_s", "push_p99_s",
+               "push_max_s", "rounds", "targets")
+
+
 def log(message: str) -> None:
     print(f"[table_push] {message}", file=sys.stderr, flush=True)
 
 
-def serve_edges(count: int, public_pem: bytes, ports: mp.Queue, stop: mp.Event) -> None:  # type: ignore[type-arg]
+def serve_edges(count: int, public_pem: bytes, ports: mp.Queue[list[int]], stop: Event) -> None:
     """One process, `count` admin ports, each verifying and version-checking like an edge."""
     import asyncio
 
@@ -97,7 +106,7 @@ def setup_django(db_name: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def run_round(n_edges: int, tmp: Path) -> dict[str, float]:
+def run_round(n_edges: int, tmp: Path, trials: int = 3) -> dict[str, float]:
     from django.db import transaction
 
     from controlplane.deployments.models import Deployment, Model, Replica
@@ -128,9 +137,11 @@ def run_round(n_edges: int, tmp: Path) -> dict[str, float]:
     replicas = [Replica.objects.create(deployment=deployment, region=region, state=S.READY,
                                        url=f"http://127.0.0.1:{9000 + i}") for i in range(8)]
 
-    ports_q: mp.Queue = mp.Queue()  # type: ignore[type-arg]
+    ports_q: mp.Queue[list[int]] = mp.Queue()
     stop = mp.Event()
-    server = mp.Process(target=serve_edges, args=(n_edges, public.read_bytes(), ports_q, stop))
+    # A daemon: never left running, even when its cleanup hangs (it is stopped below).
+    server = mp.Process(target=serve_edges, args=(n_edges, public.read_bytes(), ports_q, stop),
+                        daemon=True)
     server.start()
     ports = ports_q.get(timeout=120)
     Edge.objects.bulk_create([
@@ -140,7 +151,7 @@ def run_round(n_edges: int, tmp: Path) -> dict[str, float]:
     services.publish()  # initial tables: every edge starts in sync
     samples: list[float] = []
     try:
-        for trial in range(3):
+        for trial in range(trials):
             with transaction.atomic():
                 Replica.objects.filter(pk=replicas[trial].pk).update(state=S.DEGRADED)
             committed = time.perf_counter()
@@ -154,6 +165,9 @@ def run_round(n_edges: int, tmp: Path) -> dict[str, float]:
     finally:
         stop.set()
         server.join(30)
+        if server.is_alive():
+            server.terminate()
+            server.join(10)
     samples.sort()
     return {
         "edges": n_edges,
@@ -165,10 +179,14 @@ def run_round(n_edges: int, tmp: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="finish in well under a minute")
-    parser.add_argument("--edges", default="10,100,1000")
+    parser.add_argument("--quick", action="store_true",
+                        help="the same rounds as the full run, which finishes in well under a "
+                             "minute")
+    parser.add_argument("--smoke", action="store_true",
+                        help="10 edges, one trial: every step, not the figures")
+    parser.add_argument("--edges", default=None, help="edge counts (default 10,100,1000)")
     args = parser.parse_args()
-    counts = [int(n) for n in args.edges.split(",")]
+    counts = [int(n) for n in (args.edges or ("10" if args.smoke else "10,100,1000")).split(",")]
     setup_django("meridian_bench")
     import tempfile
 
@@ -176,9 +194,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in counts:
             log(f"starting {n} edge endpoints")
-            rounds.append(run_round(n, Path(tmp)))
+            rounds.append(run_round(n, Path(tmp), trials=1 if args.smoke else 3))
     largest = rounds[-1]
-    result = {"benchmark": "table_push", "quick": args.quick, **largest, "rounds": rounds,
+    result = {"benchmark": "table_push", "quick": args.quick, "smoke": args.smoke, **largest,
+              "rounds": rounds,
               "targets": {"100_edges_s": 1.0, "1000_edges_s": 3.0}}
     print(json.dumps(result))
 

@@ -39,7 +39,8 @@ GROUP_MODULE = "_native__mypyc"
 # Every module a request passes through, and the edge itself (its attributes are read on
 # every request); the admin API, table pulls, keys and the command line stay interpreted.
 COMPILED = (
-    "accounting", "admission", "batch", "batch_forward", "errors", "health", "httpserver",
+    "accounting", "admission", "batch", "batch_forward", "cache_salt", "errors", "health",
+    "httpserver",
     "logs", "metrics", "policy", "prefix", "proxy", "ratelimit", "resume", "server", "table",
     "upstream", "usage",
 )

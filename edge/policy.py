@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from edge.health import ReplicaStats
-from edge.prefix import PrefixIndex, load_bound, rendezvous_weight, replica_id_hash
+from edge.prefix import PrefixIndex, load_bound, rendezvous_weight, replica_id_hash, tenant_seed
 from edge.table import ROUTABLE_STATES, Policy, Replica, TenantRules
 
 # A prompt's home is decided by its first blocks (≈ 64 tokens): users sharing a system prompt
@@ -305,6 +305,9 @@ class CandidateSet:
     # `pick_common` scores inline: those two weights, or None for any other policy.
     common: tuple[float, float] | None = None
     max_inflight: tuple[int, ...] = ()
+    # Where the prompt's prefix keys start (`edge.prefix.block_keys`): the tenant's own
+    # chain when some replica here keeps tenants' caches apart, 0 when all share theirs.
+    prefix_seed: int = 0
 
 
 def candidate_set(replicas: Sequence[Replica], tenant: TenantRules, tier: str,
@@ -349,6 +352,7 @@ def candidate_set(replicas: Sequence[Replica], tenant: TenantRules, tier: str,
         scale=tuple(norm * min(1.0, r.weight) for r in kept),
         id_hashes=tuple(replica_id_hash(r.id) for r in kept),
         common=common, max_inflight=tuple(r.max_inflight for r in kept),
+        prefix_seed=tenant_seed(tenant.tenant) if any(r.cache_isolated for r in kept) else 0,
     )
 
 

@@ -29,12 +29,16 @@ _DEPTH_SHIFT = 32
 
 
 def block_keys(text: str | bytes, block_bytes: int = BLOCK_BYTES,
-               max_blocks: int = MAX_BLOCKS) -> list[int]:
-    """One key per full block of the prompt, each standing for the prefix up to that block."""
+               max_blocks: int = MAX_BLOCKS, seed: int = 0) -> list[int]:
+    """One key per full block of the prompt, each standing for the prefix up to that block.
+
+    `seed` starts the chain: the tenant's (`tenant_seed`) where replicas keep each tenant's
+    prefixes apart (`edge.cache_salt`), so the same prompt from two tenants has unrelated
+    keys, as it has unrelated blocks in the engine; 0 where tenants share the cache."""
     data = text.encode() if isinstance(text, str) else text
     full = min(len(data) // block_bytes, max_blocks)
     keys = []
-    crc = 0
+    crc = seed
     crc32 = zlib.crc32
     for depth in range(full):
         start = depth * block_bytes
@@ -65,6 +69,11 @@ def chat_prompt_text(messages: Sequence[object]) -> str | None:
         else:
             parts.append(role + "\x1f\x1e")
     return "".join(parts)
+
+
+def tenant_seed(tenant: str) -> int:
+    """The start of a tenant's prefix-key chains (never 0, the shared chains' start)."""
+    return zlib.crc32(tenant.encode()) or 1
 
 
 def conversation_key(messages: Sequence[object]) -> int | None:

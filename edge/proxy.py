@@ -33,6 +33,7 @@ import orjson
 from edge import errors, resume
 from edge.accounting import account
 from edge.batch_forward import BatchApi, forwarded
+from edge.cache_salt import client_salt_problem, fallback_salt, salted_body
 from edge.errors import ClientError
 from edge.health import ReplicaStats
 from edge.httpserver import HttpConnection, Request
@@ -90,6 +91,11 @@ class Exchange(Listener):
     route: RouteRequest | None = None
     head = b""
     body = b""
+    # The same with the tenant's `cache_salt` (edge.cache_salt), made when a replica that
+    # keeps tenants' caches apart is first chosen; whether the client sent one of its own.
+    salted_head = b""
+    salted_body = b""
+    client_salt = False
     replica: Replica | None = None
     # (model, revision) of the replica sending the answer, for a model whose traffic is split
     # between revisions: what the edge's per-revision metrics are labelled with.
@@ -192,7 +198,7 @@ class Exchange(Listener):
             self.charged_tokens = charged
         keys: list[int] = []
         if prefix_on and self.prompt_text:
-            keys = block_keys(self.prompt_text)
+            keys = block_keys(self.prompt_text, seed=cset.prefix_seed)
         if table.revisions:
             shares = table.revisions.get(self.model)
             if shares is not None:
@@ -309,10 +315,31 @@ class Exchange(Listener):
     def begin(self, conn: UpstreamConnection) -> None:
         self.upstream = conn
         assert self.replica is not None
-        origin = self.replica.origin
-        conn.begin(self, b"".join((b"POST ", origin.base_path, self.head, b"host: ",
-                                   origin.host_header, b"\r\n\r\n", self.body)))
+        replica = self.replica
+        origin = replica.origin
+        head, body = self.head, self.body
+        if replica.cache_isolated:
+            head, body = self.salted()
+        conn.begin(self, b"".join((b"POST ", origin.base_path, head, b"host: ",
+                                   origin.host_header, b"\r\n\r\n", body)))
         self.sent_at = time.perf_counter()
+
+    def salted(self) -> tuple[bytes, bytes]:
+        """The request's head and body with its tenant's `cache_salt`, made once per body
+        (a resumed leg's new body clears them)."""
+        if not self.salted_body:
+            tenant = self.tenant
+            assert tenant is not None
+            salt = tenant.cache_salt or fallback_salt(tenant.tenant)
+            self.salted_body = salted_body(self.body, salt, self.client_salt)
+            self.salted_head = self.api.upstream_head(self.request, self, len(self.salted_body))
+        return self.salted_head, self.salted_body
+
+    def set_body(self, body: bytes) -> None:
+        """A new body for the next leg (stream resumption), salted again when sent."""
+        self.body = body
+        self.head = self.api.upstream_head(self.request, self, len(body))
+        self.salted_body = self.salted_head = b""
 
     # --- the replica answers ------------------------------------------------------------
 
@@ -754,6 +781,11 @@ class ClientApi:
                                       or value < 1):
                 raise errors.bad_request(f"`{name}` must be a positive integer.", name,
                                          "invalid_value")
+        if "cache_salt" in payload:
+            problem = client_salt_problem(payload["cache_salt"])
+            if problem:
+                raise errors.bad_request(problem, "cache_salt", "invalid_value")
+            exchange.client_salt = True
         exchange.requested_model = exchange.model = model
         exchange.stream = bool(stream)
         if exchange.chat:

@@ -432,8 +432,7 @@ def stream_cut(ex: Exchange, reason: str, replica_fault: bool = True) -> None:
             ex.tried = set()
         ex.tried.add(ex.replica.id)
     ex.resumes += 1
-    ex.body = body
-    ex.head = ex.api.upstream_head(ex.request, ex, len(body))
+    ex.set_body(body)
     ex.fresh_connection = False
     policy = ex.cset.policy if ex.cset is not None else None
     ex.deadline = r.first_cut_at + (policy.resume_deadline_s if policy is not None else 0.0)

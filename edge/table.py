@@ -10,7 +10,9 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
 
 - replica: `tier` ["interactive"], `tenant` (a replica dedicated to one tenant) [none],
   `weight` [1.0], `rtt_ms` [0], `usd_per_mtok` [null], `max_inflight` [64], `state`
-  ["ready"], `revision` (the deployment revision it runs) [none].
+  ["ready"], `revision` (the deployment revision it runs) [none], `shared_prefix_cache`
+  (its deployment lets tenants share its prefix cache: requests to it get no tenant
+  `cache_salt`, `edge.cache_salt`) [false].
 - model: `revisions` (`{"<revision id>": share}`, shares ≥ 0 with a positive total, read
   as percentages of the model's new conversations) [none: every replica takes traffic as
   before]. With it, every replica of the model names a listed `revision`; the edge sends a
@@ -20,7 +22,8 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
   batch requests may use interactive replicas too].
 - tenant: `regions` (narrows `jurisdictions` to these `cloud:region` keys) [[]],
   `models` [["*"]], `tier` ["interactive"], `resume_streams` (may a stream cut mid-way
-  be resumed on another replica) [true].
+  be resumed on another replica) [true], `cache_salt` (the tenant's prefix-cache salt:
+  base64url, 16 to 128 characters) [one derived from the tenant's name].
 - policy: `picker` ("max_score" | "round_robin" | "random") ["max_score"],
   `eject_max_s` [60], `queue_timeout_s` [2], `batch_queue_timeout_s` [30],
   `batch_max_share` (share of an interactive replica's `max_inflight` that batch requests
@@ -62,6 +65,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from edge.cache_salt import SALT_MAX_CHARS, SALT_MIN_CHARS, fallback_salt, valid_tenant_salt
 from edge.keys import public_key_id
 
 TABLE_FILE = "table.json"
@@ -186,6 +190,13 @@ class Replica:
     tier: str = "interactive"
     tenant: str | None = None
     revision: str | None = None
+    shared_prefix_cache: bool = False
+
+    @property
+    def cache_isolated(self) -> bool:
+        """Whether requests to it carry their tenant's `cache_salt`: it serves several
+        tenants (no dedicated `tenant`) and its deployment did not opt into sharing."""
+        return self.tenant is None and not self.shared_prefix_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +210,7 @@ class TenantRules:
     tier: str = "interactive"
     resume_streams: bool = True
     fail_open: bool = False
+    cache_salt: str = ""
 
     def may_use_model(self, model: str) -> bool:
         return "*" in self.models or model in self.models
@@ -366,6 +378,7 @@ def _replica(model: str, i: int, entry: Any) -> Replica:
         tier=tier,
         tenant=_get(entry, "tenant", "str", where, None),
         revision=_get(entry, "revision", "str", where, None),
+        shared_prefix_cache=_flag(entry, "shared_prefix_cache", where, False),
     )
 
 
@@ -418,7 +431,18 @@ def _tenant(key_hash: str, entry: Any) -> TenantRules:
         tier=tier,
         resume_streams=_flag(entry, "resume_streams", where, True),
         fail_open=_flag(entry, "fail_open", where, False),
+        cache_salt=_cache_salt(entry, where),
     )
+
+
+def _cache_salt(entry: Mapping[str, Any], where: str) -> str:
+    salt = _get(entry, "cache_salt", "str", where, None)
+    if salt is None:
+        return fallback_salt(_get(entry, "tenant", "str", where))
+    if not valid_tenant_salt(salt):
+        raise TableError(f"{where}.cache_salt must be {SALT_MIN_CHARS} to {SALT_MAX_CHARS} "
+                         "base64url characters", f"{where}.cache_salt")
+    return salt
 
 
 def _policy(entry: Any) -> Policy:

@@ -16,6 +16,8 @@ against the real server by tests/contract:
 - `usage.prompt_tokens_details` is null unless the server was started with
   --enable-prompt-tokens-details; then it carries `cached_tokens` (the prompt's tokens found
   in the prefix cache), in the stream's usage chunk too.
+- `cache_salt` (a non-empty string, or null) salts the prompt's prefix-cache blocks: prompts
+  with different salts share none, as in vLLM.
 - `max_tokens` above max_model_len is refused; otherwise it is cut to the room the prompt
   leaves, so a request stops at the context limit ("length"); unset, chat gets all that
   room and completions 16 tokens of it.
@@ -58,6 +60,7 @@ _MISSING = object()
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # CompletionRequest.max_tokens
 EMPTY_CONVERSATION = ("Cannot apply chat template to an empty conversation. Provide at least "
                       "one message.")
+CACHE_SALT_REFUSED = "Parameter 'cache_salt' must be a non-empty string if provided."
 CONTINUE_WITH_GENERATION_PROMPT = (
     "continue_final_message and add_generation_prompt are not compatible. Use "
     "continue_final_message when you want the model to continue the final message, and "
@@ -170,6 +173,8 @@ class GenerationRequest:
     text_offset: int | None = None
     continued_tokens: int = 0
     natural_left: int = 0
+    # vLLM's per-request prefix-cache salt (enginesim.tokenizer.block_hashes).
+    cache_salt: str | None = None
 
 
 def continuation(body: dict[str, Any], server_seed: int) -> tuple[int, int, int, int] | None:
@@ -317,7 +322,16 @@ def parse_generation(body: dict[str, Any], chat: bool,
     min_tokens = _opt_int(body, "min_tokens") or 0
     return GenerationRequest(chat, prompt, prompt_tokens, max_tokens, param, stream,
                              include_usage, continuous, seed, _opt_bool(body, "ignore_eos"),
-                             max(min_tokens, 0), from_ids, role, text_offset, held, left)
+                             max(min_tokens, 0), from_ids, role, text_offset, held, left,
+                             parse_cache_salt(body))
+
+
+def parse_cache_salt(body: dict[str, Any]) -> str | None:
+    """`cache_salt`: unset, null or a non-empty string (vLLM's check_cache_salt_support)."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise invalid("", "value_error", "Value error, " + CACHE_SALT_REFUSED, body)
+    return salt
 
 
 def check_context(request: GenerationRequest, max_model_len: int) -> int:

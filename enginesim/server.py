@@ -288,7 +288,8 @@ class EngineServer:
         offset = generation_offset(cfg.seed, parsed.seed, parsed.prompt) \
             if parsed.text_offset is None else parsed.text_offset
         seq = Sequence(prompt_tokens,
-                       block_hashes(parsed.prompt, cfg.block_tokens), max_tokens,
+                       block_hashes(parsed.prompt, cfg.block_tokens, parsed.cache_salt),
+                       max_tokens,
                        _eos_at(parsed, offset), arrival)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not parsed.stream:

@@ -73,18 +73,25 @@ def count_tokens(text: str) -> int:
     return -(-len(text) // PIECE_CHARS)
 
 
-def block_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> list[int]:
+def block_hashes(text: str, block_tokens: int = BLOCK_TOKENS,
+                 cache_salt: str | None = None) -> list[int]:
     """Chained hashes of the prompt's full blocks of `block_tokens` tokens (16 unless the
     profile says otherwise; the last partial block has none).
 
     Block i's hash covers its own characters and block i-1's hash, so it matches another
-    prompt's block only when the whole prefix up to and including it is equal.
+    prompt's block only when the whole prefix up to and including it is equal. A request's
+    `cache_salt` is mixed into the first block's hash alone, as vLLM mixes it into that
+    block's extra keys: every later block chains on it, so prompts with different salts
+    share no block.
     """
     hashes: list[int] = []
     parent = 0
     chars = PIECE_CHARS * block_tokens
     for start in range(0, len(text) - chars + 1, chars):
-        parent = hash((parent, text[start:start + chars]))
+        if start == 0 and cache_salt:
+            parent = hash((parent, text[start:start + chars], cache_salt))
+        else:
+            parent = hash((parent, text[start:start + chars]))
         hashes.append(parent)
     return hashes
 

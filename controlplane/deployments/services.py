@@ -23,13 +23,14 @@ _FIELDS = (
     "model", "tenant", "allowed_jurisdictions", "user_regions", "min_replicas", "max_replicas",
     "tensor_parallel", "pipeline_parallel", "max_model_len", "spread_regions",
     "max_spot_fraction", "warm_pool", "name", "demand_tokens_per_s", "slo_ttft_p95_ms",
-    "engine",
+    "engine", "shared_prefix_cache",
 )
 _DEFAULTS: dict[str, Any] = {
     "min_replicas": 1, "max_replicas": 4, "tensor_parallel": 1, "pipeline_parallel": 1,
     "max_model_len": 8192, "spread_regions": 1, "max_spot_fraction": 0.0,
     "allowed_jurisdictions": [], "user_regions": [], "tenant": None, "warm_pool": 0,
     "name": "", "demand_tokens_per_s": 0.0, "slo_ttft_p95_ms": 1000,
+    "shared_prefix_cache": False,
 }
 
 
@@ -117,6 +118,10 @@ def deployment_errors(fields: dict[str, Any]) -> dict[str, str]:
     if not jurisdictions:
         errors["allowed_jurisdictions"] = "Name at least one jurisdiction replicas may run in."
     tenant = fields.get("tenant")
+    if tenant is not None and fields.get("shared_prefix_cache"):
+        errors["shared_prefix_cache"] = (
+            f"shared_prefix_cache is for shared deployments; this one is {tenant.name}'s own, "
+            "and its cache already serves no other tenant.")
     if tenant is not None and jurisdictions:
         permitted = {j.code for j in tenant.allowed_jurisdictions.all()}
         outside = sorted(j.code for j in jurisdictions if j.code not in permitted)

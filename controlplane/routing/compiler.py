@@ -48,6 +48,9 @@ class ReplicaView:
     # A rollout in waves: the shares at edges in these regions (edge region → shares);
     # edges elsewhere take `revision_shares`.
     revision_shares_by_region: Mapping[str, Mapping[str, float]] | None = None
+    # A shared deployment that lets tenants share its prefix cache: requests to it carry
+    # no tenant cache_salt (edge/cache_salt.py).
+    shared_prefix_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class TenantKeyView:
     models: tuple[str, ...]
     tier: str
     resume_streams: bool = True
+    # The tenant's prefix-cache salt (routing/cache_salt.py); "" leaves it to the edge's
+    # fallback.
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,8 @@ def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
         entry["tenant"] = replica.tenant
     if replica.revision is not None:
         entry["revision"] = replica.revision
+    if replica.shared_prefix_cache and replica.tenant is None:
+        entry["shared_prefix_cache"] = True
     return entry
 
 
@@ -154,6 +162,7 @@ def compile_table(
             "models": sorted(key.models) or ["*"],
             "tier": key.tier,
             "resume_streams": key.resume_streams,
+            **({"cache_salt": key.cache_salt} if key.cache_salt else {}),
         }
         for key in keys
     }

