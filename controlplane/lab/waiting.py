@@ -26,7 +26,7 @@ class WaitTimeout(TimeoutError):
         self.last = last
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
+def wait_until(predicate: Callable[[], T | None], timeout_s: float, what: str,
                every_s: float = 0.05, ignore: tuple[type[BaseException], ...] = ()) -> T:
     """Poll `predicate` every `every_s` seconds until it returns a truthy value (returned);
     exceptions of the types in `ignore` count as "not yet" (e.g. OSError while a server
@@ -43,7 +43,7 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
         time.sleep(max(0.0, min(every_s, deadline - time.monotonic())))
 
 
-async def wait_until_async(predicate: Callable[[], T], timeout_s: float, what: str,
+async def wait_until_async(predicate: Callable[[], T | None], timeout_s: float, what: str,
                            every_s: float = 0.02,
                            ignore: tuple[type[BaseException], ...] = ()) -> T:
     """`wait_until` inside an event loop: the loop runs (the edge, a fake engine) between
@@ -59,7 +59,7 @@ async def wait_until_async(predicate: Callable[[], T], timeout_s: float, what: s
         await asyncio.sleep(max(0.0, min(every_s, deadline - time.monotonic())))
 
 
-def _try(predicate: Callable[[], T],
+def _try(predicate: Callable[[], T | None],
          ignore: tuple[type[BaseException], ...]) -> tuple[T | None, object]:
     """(its value, None) when the predicate answers truthy, else (None, what it answered or
     raised)."""

@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from controlplane.provisioning.base import ProviderError, ProviderHandle, ReplicaSpec
+from controlplane.lab.waiting import wait_until
+from controlplane.provisioning.base import (
+    ProviderError,
+    ProviderHandle,
+    ProviderStatus,
+    ReplicaSpec,
+)
 from controlplane.provisioning.skypilot import SkyPilotProvider, error_from_skypilot
 from controlplane.provisioning.skypilot_task import (
     cluster_name_for,
@@ -474,10 +480,9 @@ def test_calls_are_time_bounded(fake, sky_home) -> None:  # type: ignore[no-unty
     assert "cancelled once the API server accepts it" in caught.value.message
     # The submission that overran comes back with its request id: that launch is cancelled.
     fake.release.set()
-    deadline = time.monotonic() + 30
-    while ("cancel", "req-1") not in fake.calls and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert fake.requests["req-1"]["status"] == "CANCELLED"
+    wait_until(lambda: fake.requests.get("req-1", {}).get("status") == "CANCELLED", 30,
+               "the overrun launch cancelled on the API server")
+    assert ("cancel", "req-1") in fake.calls
     handle = ProviderHandle("skypilot", "r-12", {"cluster": "mrd-r-12", "launch_request": "x"})
     fake.api_error = TimeoutError("read timed out")
     status = provider.poll(handle)
@@ -485,7 +490,9 @@ def test_calls_are_time_bounded(fake, sky_home) -> None:  # type: ignore[no-unty
 
 
 def test_a_request_that_overruns_is_cancelled_on_the_api_server(fake, sky_home) -> None:  # type: ignore[no-untyped-def]
-    provider = SkyPilotProvider(sdk=fake, timeout_s=0.3, retry_backoff_s=0.0,
+    # Held requests overrun whatever the limit; the limit is 1 s so that accepting a request
+    # and cancelling it, which the fake does at once, fit in it on a loaded machine too.
+    provider = SkyPilotProvider(sdk=fake, timeout_s=1.0, retry_backoff_s=0.0,
                                 environ={"MERIDIAN_ENGINE_API_KEY": "k"})
     handle = ProviderHandle("skypilot", "r-12", {"cluster": "mrd-r-12"})
     fake.cluster_up("mrd-r-12")
@@ -494,13 +501,17 @@ def test_a_request_that_overruns_is_cancelled_on_the_api_server(fake, sky_home) 
     assert status.state == "unknown" and status.message.startswith("timeout: ")
     (rid,) = [r for r, req in fake.requests.items() if req["name"] == "status"]
     assert f"request {rid} cancelled" in status.message
-    assert ("cancel", rid) in fake.calls and fake.requests[rid]["status"] == "CANCELLED"
+    wait_until(lambda: fake.requests[rid]["status"] == "CANCELLED", 30,
+               f"status request {rid} cancelled on the API server")
+    assert ("cancel", rid) in fake.calls
     fake.held = {"down"}  # every try at down overruns: each is cancelled before the next
     with pytest.raises(ProviderError) as caught:
         provider.terminate(handle)
     assert caught.value.kind == "timeout"
     downs = [r for r, req in fake.requests.items() if req["name"] == "down"]
-    assert len(downs) == 3 and {fake.requests[r]["status"] for r in downs} == {"CANCELLED"}
+    assert len(downs) == 3
+    wait_until(lambda: {fake.requests[r]["status"] for r in downs} == {"CANCELLED"}, 30,
+               "every try at down cancelled")
 
 
 def test_unreachable_api_server_is_unknown_not_failed(fake, provider, sky_exc) -> None:  # type: ignore[no-untyped-def]
@@ -692,12 +703,11 @@ def test_smoke_real_cluster() -> None:  # pragma: no cover - needs a cloud accou
              use_spot=False, disk_gb=100)
     handle = provider.launch(s)
     try:
-        deadline = time.monotonic() + 3600
-        status = provider.poll(handle)
-        while status.state not in ("running", "failed", "terminated"):
-            assert time.monotonic() < deadline, status
-            time.sleep(20)
+        def ended() -> ProviderStatus | None:
             status = provider.poll(handle)
+            return status if status.state in ("running", "failed", "terminated") else None
+
+        status = wait_until(ended, 3600, "the cluster up or ended", every_s=20)
         assert status.state == "running", status
         assert (provider.endpoint(handle) or "").startswith("http://")
     finally:
