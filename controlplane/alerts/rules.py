@@ -14,6 +14,7 @@ thresholds are `thresholds.py`, which the models (a rule's overrides) use too.
 | budget | month-to-date spend ÷ monthly budget per tenant | 0.8 / 1.0 | 0 |
 | edge_table_stale | seconds an edge has been behind its newest table | 30 / 300 | 0 |
 | rollout_rolled_back | a rollout its analysis rolled back within the window: critical | — | 0 |
+| table_entry_excluded | an entry the edge's parser refused, left out of the newest tables: critical | — | 0 |
 """
 
 from __future__ import annotations
@@ -238,6 +239,29 @@ def edge_table_stale(edges: Iterable[EdgeLag], now: datetime, limits: Thresholds
                      f"v{e.latest_version}; behind for {behind_s:.0f} s."),
         ))
     return findings
+
+
+# --- routing tables -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LeftOut:
+    subject: str  # a deployment, "alias auto", "tenant acme key 1a2b…", "routing policy"
+    field: str
+    message: str
+    edges: tuple[str, ...]
+    tenant_id: int | None = None
+
+
+def table_entry_excluded(entries: Iterable[LeftOut]) -> list[Finding]:
+    """One critical finding per entry left out of the newest tables (routing/screening.py):
+    whatever it stands for is not routed until it is fixed."""
+    return [Finding(
+        rule=Rule.TABLE_ENTRY_EXCLUDED, subject=e.subject, severity=Severity.CRITICAL,
+        value=float(len(e.edges)), unit="edges", tenant_id=e.tenant_id,
+        message=(f"{e.subject} is left out of the routing tables of {len(e.edges)} edge(s) "
+                 f"({', '.join(sorted(e.edges)[:5])}): the edge's parser refuses {e.field}: "
+                 f"{e.message}. The rest of each table ships; fix or remove it."),
+    ) for e in entries]
 
 
 # --- rollouts -----------------------------------------------------------------------------

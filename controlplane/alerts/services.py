@@ -185,6 +185,27 @@ def edge_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]
     return rules.edge_table_stale(edge_lags(), now, limits[Rule.EDGE_TABLE_STALE])
 
 
+def left_out_entries() -> list[rules.LeftOut]:
+    """What the newest table of each enabled edge left out, by subject."""
+    newest = (RoutingTable.objects.filter(edge__enabled=True).order_by("edge_id", "-version")
+              .distinct("edge_id").values_list("edge__name", "excluded"))
+    found: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for edge, excluded in newest:
+        for entry in excluded or []:
+            found.setdefault(entry["subject"], (entry, []))[1].append(edge)
+    deployments = {d.name: d.tenant_id for d in Deployment.objects.filter(
+        name__in=[d for entry, _ in found.values() for d in entry.get("deployments", [])])}
+    return [rules.LeftOut(subject=subject, field=entry.get("field", ""),
+                          message=entry.get("message", ""), edges=tuple(edges),
+                          tenant_id=next((deployments.get(d) for d in entry.get("deployments", [])
+                                          if deployments.get(d) is not None), None))
+            for subject, (entry, edges) in found.items()]
+
+
+def table_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
+    return rules.table_entry_excluded(left_out_entries())
+
+
 def rollout_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
     since = now - timedelta(seconds=limits[Rule.ROLLOUT_ROLLED_BACK].window_s)
     rows = (Rollout.objects.filter(state=RolloutState.ROLLED_BACK, ended_by=ANALYST,
@@ -210,6 +231,7 @@ GATHERERS: tuple[tuple[tuple[str, ...], Gather], ...] = (
     ((Rule.BUDGET,), budget_findings),
     ((Rule.EDGE_TABLE_STALE,), edge_findings),
     ((Rule.ROLLOUT_ROLLED_BACK,), rollout_findings),
+    ((Rule.TABLE_ENTRY_EXCLUDED,), table_findings),
 )
 
 

@@ -18,6 +18,7 @@ class Rule(models.TextChoices):
     BUDGET = "budget", "Monthly budget"
     EDGE_TABLE_STALE = "edge_table_stale", "Edge table out of date"
     ROLLOUT_ROLLED_BACK = "rollout_rolled_back", "Rollout rolled back by its analysis"
+    TABLE_ENTRY_EXCLUDED = "table_entry_excluded", "Entry left out of the routing tables"
 
 
 class Severity(models.TextChoices):
@@ -54,6 +55,7 @@ DEFAULTS: dict[str, Thresholds] = {
     Rule.EDGE_TABLE_STALE: Thresholds(warning=30.0, critical=300.0),
     # Open for window_s after the rollback (or until acknowledged and the window ends).
     Rule.ROLLOUT_ROLLED_BACK: Thresholds(warning=None, critical=None, window_s=3600),
+    Rule.TABLE_ENTRY_EXCLUDED: Thresholds(warning=None, critical=None),
 }
 
 

@@ -49,8 +49,9 @@ class RoutingPolicyViewSet(
 
     def perform_update(self, serializer) -> None:  # type: ignore[no-untyped-def]
         instance = serializer.save()
-        record_audit(self.principal.username, "update", instance,
-                     changes=dict(serializer.validated_data), reason="api")
+        changes = {field: [str(item) for item in value] if isinstance(value, list) else value
+                   for field, value in serializer.validated_data.items()}
+        record_audit(self.principal.username, "update", instance, changes=changes, reason="api")
 
 
 class EdgeTableView(APIView):

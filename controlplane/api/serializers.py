@@ -16,6 +16,7 @@ from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
 from controlplane.placement import admission
 from controlplane.provisioning.models import Operation
+from controlplane.routing import names as routing_names
 from controlplane.routing.models import Edge, RoutingPolicy
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
@@ -274,6 +275,12 @@ class DeploymentSerializer(_TenantOwned):
     def validate_name(self, value: str) -> str:
         return refuse_numeric_name(value)
 
+    def validate_served_model_name(self, value: str) -> str:
+        problem = routing_names.served_name_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
         if self.instance is None and "max_spot_fraction" not in attrs:
@@ -360,9 +367,15 @@ class RoutingPolicySerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "scorers", "retry_before_first_byte", "eject_after_failures",
             "eject_base_s", "resume_streams_max", "resume_deadline_s", "stream_stall_s",
-            "first_byte_timeout_s", "aliases", "updated_at",
+            "first_byte_timeout_s", "aliases", "max_table_age_s", "stale_table_mode",
+            "fail_open_tenants", "updated_at",
         ]
         read_only_fields = ["updated_at"]
+
+    fail_open_tenants = serializers.SlugRelatedField(
+        slug_field="name", queryset=Tenant.objects.all(), many=True, required=False,
+        help_text="Tenants an edge still serves from a stale table when stale_table_mode is "
+                  "fail_closed.")
 
     def validate_scorers(self, value: Any) -> dict[str, float]:
         known = {"latency", "load", "prefix", "cost"}
@@ -381,6 +394,10 @@ class RoutingPolicySerializer(serializers.ModelSerializer):
     def validate_aliases(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise serializers.ValidationError("Expected an object of alias → rule.")
+        # The edge's own rules, then the served names: a table with both would be refused.
+        problem = routing_names.alias_problems(value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
 

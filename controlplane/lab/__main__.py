@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
         generate_key_files(key_file)
         say(f"  generated the table-signing key {key_file}")
+    # Each edge's admin secret derives from this key; made now, before any process needs it.
+    os.environ["MERIDIAN_EDGE_ADMIN_KEY_FILE"] = str(args.var_dir / "keys" / "edge-admin.key")
+    from controlplane.routing.edge_secrets import default_key_path, generate_key_file
+
+    generate_key_file(default_key_path())
 
     group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
     guard = None
@@ -196,6 +201,7 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
             ensure_fleet,
             lab_edges,
             stop_local_replicas,
+            write_admin_secrets,
         )
 
         # A lab that was killed rather than stopped leaves engines behind: start clean.
@@ -207,6 +213,7 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
         say(f"starting {len(edges)} edges and {args.replicas_per_region} {args.engine} "
             f"replica(s) per region in {fleet.regions} regions")
         ensure_fleet(edges, args.replicas_per_region, actor="lab", fleet=fleet)
+        write_admin_secrets(edges, args.var_dir)
         token_file = args.var_dir / "lab" / "admin-token"
         for edge in edges:
             group.start(edge.name, edge_argv(python, edge, args.var_dir,

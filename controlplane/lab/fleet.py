@@ -6,8 +6,11 @@ worker provisions through the LocalProvider — so the lab exercises the real co
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.db import close_old_connections, transaction
 
@@ -17,7 +20,9 @@ from controlplane.deployments.models import Deployment, Model, Replica
 from controlplane.lab.regions import LAB_REGIONS, ensure_lab_regions
 from controlplane.provisioning import services
 from controlplane.provisioning.tasks import request_replicas
+from controlplane.routing.edge_secrets import edge_secret
 from controlplane.routing.models import Edge
+from edge.local import admin_request
 from regions.models import Jurisdiction, Region
 
 DEMO_DEPLOYMENT = "demo-chat"
@@ -135,9 +140,35 @@ def edge_argv(python: str, edge: LabEdge, var_dir: Path, public_key: Path,
         python, "-m", "edge", "--name", edge.name, "--region", edge.region,
         "--listen", f"127.0.0.1:{edge.port}", "--admin-listen", f"127.0.0.1:{edge.admin_port}",
         "--state-dir", str(var_dir / "lab" / "edges" / edge.name),
+        "--admin-secret-file", str(admin_secret_path(var_dir, edge.name)),
         "--public-key", str(public_key), "--control-plane", control_plane,
         "--control-plane-token-file", str(token_file),
     ]
+
+
+def admin_secret_path(var_dir: Path, edge_name: str) -> Path:
+    return var_dir / "lab" / "edges" / edge_name / "admin-secret"
+
+
+def write_admin_secrets(edges: list[LabEdge], var_dir: Path) -> None:
+    """Each edge's admin secret (routing/edge_secrets.py) in a file only its owner reads, and
+    a map from admin URL to secret file for the lab's own tools (`lab_admin_get`)."""
+    known = {}
+    for edge in edges:
+        path = admin_secret_path(var_dir, edge.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(edge_secret(edge.name))
+        known[edge.admin_url] = str(path)
+    (var_dir / "lab" / "edge-admin.json").write_text(json.dumps(known))
+
+
+def lab_admin_get(var_dir: Path, admin_url: str, path: str) -> Any:
+    """GET an admin path of one of the lab's edges, signed with its secret (benches)."""
+    secrets = json.loads((var_dir / "lab" / "edge-admin.json").read_text())
+    secret = Path(secrets[admin_url]).read_bytes().strip()
+    return admin_request(admin_url, path, secret, timeout_s=2)
 
 
 def stop_local_replicas() -> list[str]:

@@ -80,6 +80,10 @@ class PolicyView:
     resume_deadline_s: float = 30.0
     stream_stall_s: float = 10.0
     first_byte_timeout_s: float = 30.0
+    max_table_age_s: float = 24 * 3600.0
+    stale_table_mode: str = "last_known_good"
+    # Tenants an edge still serves from a stale table under "fail_closed".
+    fail_open_tenants: frozenset[str] = frozenset()
 
 
 def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
@@ -118,6 +122,7 @@ def compile_table(
     issued_at: str,
     key_id: str,
     batch_pools: Mapping[str, Iterable[str | None]] | None = None,
+    revoked_keys: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The unsigned table for `edge`; sign it with routing.signing.sign_table.
 
@@ -162,6 +167,7 @@ def compile_table(
             "models": sorted(key.models) or ["*"],
             "tier": key.tier,
             "resume_streams": key.resume_streams,
+            **({"fail_open": True} if key.tenant in policy.fail_open_tenants else {}),
             **({"cache_salt": key.cache_salt} if key.cache_salt else {}),
         }
         for key in keys
@@ -174,6 +180,8 @@ def compile_table(
         "models": models,
         "tenants": tenants,
         "aliases": dict(policy.aliases),
+        # Keys revoked lately: an edge refuses them for good, whatever table it serves later.
+        "revoked_keys": sorted(revoked_keys),
         "policy": {
             "scorers": dict(policy.scorers),
             "retry_before_first_byte": policy.retry_before_first_byte,
@@ -183,5 +191,7 @@ def compile_table(
             "resume_deadline_s": policy.resume_deadline_s,
             "stream_stall_s": policy.stream_stall_s,
             "first_byte_timeout_s": policy.first_byte_timeout_s,
+            "max_table_age_s": policy.max_table_age_s,
+            "stale_table_mode": policy.stale_table_mode,
         },
     }

@@ -10,6 +10,13 @@ def default_scorer_weights() -> dict[str, float]:
     return {"latency": 1.0, "load": 2.0, "prefix": 3.0, "cost": 0.5}
 
 
+class StaleTableMode(models.TextChoices):
+    """What an edge does once its table is older than `max_table_age_s` (edge/server.py)."""
+
+    LAST_KNOWN_GOOD = "last_known_good", "Keep serving the last known good table"
+    FAIL_CLOSED = "fail_closed", "Refuse every tenant not marked fail-open"
+
+
 class RoutingPolicy(models.Model):
     """How edges weigh their scorers and handle failures; one row named `default`."""
 
@@ -42,6 +49,18 @@ class RoutingPolicy(models.Model):
     aliases = models.JSONField(
         default=dict, blank=True,
         help_text='Model aliases, e.g. {"auto": {"rules": [...], "default": "llama-3.1-8b"}}.',
+    )
+    max_table_age_s = models.PositiveIntegerField(
+        default=24 * 3600, validators=[MinValueValidator(60), MaxValueValidator(30 * 24 * 3600)],
+        help_text="A table issued longer ago than this is stale at the edge (60 s to 30 days).",
+    )
+    stale_table_mode = models.CharField(
+        max_length=16, choices=StaleTableMode.choices, default=StaleTableMode.LAST_KNOWN_GOOD,
+        help_text="What an edge does with a stale table.",
+    )
+    fail_open_tenants = models.ManyToManyField(
+        "core.Tenant", blank=True, related_name="+",
+        help_text="Tenants still served from a stale table under fail_closed.",
     )
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -81,6 +100,11 @@ class RoutingTable(models.Model):
     payload_hash = models.CharField(max_length=64)
     content_hash = models.CharField(
         max_length=64, default="", help_text="Hash of the payload less version, time, signature."
+    )
+    excluded = models.JSONField(
+        default=list, blank=True,
+        help_text="Entries left out because the edge's parser refused them "
+                  "(routing/screening.py): subject, field, message.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -1,7 +1,8 @@
 """Pushes signed tables to many edges at once and collects their answers. No Django here.
 
 One aiohttp session with a bounded connection pool sends every PUT concurrently, each with
-its own timeout, so one slow edge never holds the others back.
+its own timeout, so one slow edge never holds the others back. Each PUT carries the HMAC of
+its body with that edge's admin secret (`edge.admin_auth`), without which an edge answers 401.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
+
+from edge import admin_auth
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,8 @@ class PushTarget:
     admin_url: str
     body: bytes
     version: int
+    # The edge's admin secret (routing/edge_secrets.py): the PUT carries its HMAC.
+    secret: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,12 @@ class PushResult:
 async def _push_one(session: aiohttp.ClientSession, target: PushTarget, timeout_s: float) -> PushResult:
     started = time.perf_counter()
     url = target.admin_url.rstrip("/") + "/admin/table"
+    headers = {"Content-Type": "application/json",
+               admin_auth.HEADER: admin_auth.sign(target.secret, "PUT", urlsplit(url).path,
+                                                  target.body)}
     try:
         async with session.put(
-            url, data=target.body, headers={"Content-Type": "application/json"},
+            url, data=target.body, headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as response:
             text = (await response.text())[:500]

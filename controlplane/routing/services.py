@@ -6,8 +6,10 @@ concurrent workers — and an edge can refuse anything not newer than what it ho
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -19,7 +21,7 @@ from controlplane.core.models import ApiKey, Tenant, Tier
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
-from controlplane.routing import cache_salt, compiler, signing
+from controlplane.routing import cache_salt, compiler, edge_secrets, screening, signing
 from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
 from controlplane.routing.push import PushResult, PushTarget, push_all
 from regions.models import Region
@@ -29,6 +31,8 @@ VERSION_SEQUENCE = "routing_table_version_seq"
 # compiles and pushes under this lock, so two publishers never interleave versions.
 PUBLISH_LOCK = "routing.publish"
 ROUTED_STATES = tuple(SERVING_STATES | {ReplicaState.DRAINING})
+
+log = logging.getLogger(__name__)
 
 
 def next_version() -> int:
@@ -43,13 +47,40 @@ def current_policy() -> RoutingPolicy:
 
 
 def policy_view(policy: RoutingPolicy) -> compiler.PolicyView:
+    fail_open = frozenset(policy.fail_open_tenants.values_list("name", flat=True)) \
+        if policy.pk else frozenset()
     return compiler.PolicyView(
         scorers=policy.scorers, retry_before_first_byte=policy.retry_before_first_byte,
         eject_after_failures=policy.eject_after_failures, eject_base_s=policy.eject_base_s,
         aliases=policy.aliases, resume_streams_max=policy.resume_streams_max,
         resume_deadline_s=policy.resume_deadline_s, stream_stall_s=policy.stream_stall_s,
         first_byte_timeout_s=policy.first_byte_timeout_s,
+        max_table_age_s=float(policy.max_table_age_s), stale_table_mode=policy.stale_table_mode,
+        fail_open_tenants=fail_open,
     )
+
+
+# Revoked keys travel in every table for this long, so that an edge which missed the table
+# that first left a key out still learns of it (edge/revocations.py); at most this many.
+REVOKED_KEYS_DAYS = 30
+REVOKED_KEYS_MAX = 10_000
+
+
+def revoked_key_hashes() -> list[str]:
+    since = timezone.now() - timedelta(days=REVOKED_KEYS_DAYS)
+    return list(ApiKey.objects.filter(revoked_at__gte=since).order_by("-revoked_at")
+                .values_list("key_hash", flat=True)[:REVOKED_KEYS_MAX])
+
+
+def owners() -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Served name → its deployments, and replica id → its deployment: whom an exclusion
+    names (routing/screening.py)."""
+    models: dict[str, list[str]] = {}
+    for served, name in Deployment.objects.values_list("served_model_name", "name"):
+        models.setdefault(served, []).append(name)
+    replicas = {replica.public_id: replica.deployment.name for replica in
+                Replica.objects.filter(state__in=ROUTED_STATES).select_related("deployment")}
+    return models, replicas
 
 
 def replica_views() -> list[compiler.ReplicaView]:
@@ -157,7 +188,8 @@ def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> 
     if not edges:
         return []
     replicas, keys, policy = replica_views(), key_views(), policy_view(current_policy())
-    pools = batch_pools()
+    pools, revoked = batch_pools(), revoked_key_hashes()
+    model_owners, replica_owners = owners()
     latest = {t.edge_id: t for t in _latest_tables([e.pk for e in edges])}
     version = next_version()
     issued_at = timezone.now().isoformat()
@@ -167,17 +199,26 @@ def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> 
     for edge in edges:
         table = compiler.compile_table(
             edge_view(edge), replicas, keys, policy, version=version, issued_at=issued_at,
-            key_id=kid, batch_pools=pools,
+            key_id=kid, batch_pools=pools, revoked_keys=revoked,
         )
+        # Parsed with the edge's own parser before it is signed: what it would refuse is
+        # left out (and alerted on), never the whole table.
+        table, left_out = screening.screen_table(table, model_owners=model_owners,
+                                                 replica_owners=replica_owners)
+        excluded = [exclusion.as_json() for exclusion in left_out]
+        if excluded:
+            log.error("table for %s leaves out %s", edge.name,
+                      "; ".join(f"{e['subject']} ({e['field']}: {e['message']})"
+                                for e in excluded))
         previous = latest.get(edge.pk)
-        content = _content_hash(table)
+        content = _content_hash({**table, "excluded": excluded})
         if previous is not None and not force and previous.content_hash == content:
             result.append(previous)
             continue
         signed = signing.sign(table)
         fresh.append(RoutingTable(
             edge=edge, version=version, payload=signed, payload_hash=signing.payload_hash(signed),
-            content_hash=content,
+            content_hash=content, excluded=excluded,
         ))
     RoutingTable.objects.bulk_create(fresh, batch_size=500)
     return result + fresh
@@ -205,7 +246,8 @@ def push_tables(tables: list[RoutingTable], timeout_s: float = 2.0) -> list[Push
     edges = {e.pk: e for e in Edge.objects.filter(pk__in=[t.edge_id for t in tables])}
     targets = [
         PushTarget(edges[t.edge_id].name, edges[t.edge_id].admin_url,
-                   signing.canonical_bytes(t.payload), t.version)
+                   signing.canonical_bytes(t.payload), t.version,
+                   edge_secrets.edge_secret(edges[t.edge_id].name))
         for t in tables
     ]
     results = push_all(targets, timeout_s)

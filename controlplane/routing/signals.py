@@ -42,7 +42,8 @@ def _connect() -> None:
     for model in (Replica, ApiKey, Tenant, Deployment, Edge, RoutingPolicy):
         post_save.connect(request_publish, sender=model, dispatch_uid=f"routing-save-{model.__name__}")
         post_delete.connect(request_publish, sender=model, dispatch_uid=f"routing-del-{model.__name__}")
-    for through in (Tenant.allowed_jurisdictions.through, Tenant.allowed_regions.through):
+    for through in (Tenant.allowed_jurisdictions.through, Tenant.allowed_regions.through,
+                    RoutingPolicy.fail_open_tenants.through):
         m2m_changed.connect(request_publish, sender=through, dispatch_uid=f"routing-m2m-{through.__name__}")
 
 
