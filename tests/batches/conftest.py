@@ -17,11 +17,13 @@ from tests.local_http import LocalServer, QuietHandler
 class FakeEngine:
     """Answers /v1/chat/completions and /v1/completions like vLLM. A prompt names what to do:
     "fail-N" answers 500 N times then 200, "busy-N" 429 N times, "bad" 400 always, "slow"
-    sleeps past any test timeout. Every request is kept, by prompt."""
+    answers only once the engine is closed, past any request timeout however loaded the
+    machine. Every request is kept, by prompt."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.released = threading.Event()
         engine = self
 
         class Handler(QuietHandler):
@@ -38,7 +40,7 @@ class FakeEngine:
                 if prompt == "bad":
                     status = 400
                 if prompt == "slow":
-                    time.sleep(3)
+                    engine.released.wait(60)
                 if status == 200:
                     answer: dict[str, Any] = {
                         "id": f"chatcmpl-{len(engine.requests)}", "object": "chat.completion",
@@ -67,6 +69,7 @@ class FakeEngine:
             return [_prompt(r["body"]) for r in self.requests]
 
     def close(self) -> None:
+        self.released.set()
         self.http.close()
 
 
@@ -87,7 +90,7 @@ def batch_settings(settings: Any) -> Any:
     settings.BATCH_BACKOFF_BASE_S = 0.01
     settings.BATCH_BACKOFF_MAX_S = 0.05
     settings.BATCH_MAX_ATTEMPTS = 3
-    settings.BATCH_REQUEST_TIMEOUT_S = 2.0  # the fake engine answers at once, "slow" after 3 s
+    settings.BATCH_REQUEST_TIMEOUT_S = 2.0  # the fake engine answers at once, "slow" never
     settings.BATCH_CHUNK = 4
     return settings
 

@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until
 from edge.server import Edge, EdgeConfig
 
 from .conftest import drive, jsonl, line
@@ -52,10 +52,7 @@ def enginesim_url() -> Iterator[str]:
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL,
         preexec_fn=die_with_parent())
     try:
-        deadline = time.monotonic() + 30
-        while not _answers(port):
-            assert time.monotonic() < deadline, "enginesim did not start"
-            time.sleep(0.1)
+        wait_until(lambda: _answers(port), 60, "enginesim answering /health", every_s=0.1)
         yield f"http://127.0.0.1:{port}"
     finally:
         process.kill()
