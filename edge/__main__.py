@@ -70,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--no-probes", action="store_true", help="no active /health probes")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--client-request-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a request must arrive whole within this (a late body gets 408); an "
+                        "upload, within this plus --upload-min-rate")
+    p.add_argument("--upload-min-rate", type=int, default=64 * 1024, metavar="BYTES_PER_S",
+                   help="after --client-request-timeout, an upload streamed to the control "
+                        "plane must average this rate or get 408 (a slow-loris trickle); 0: off")
     p.add_argument("--max-queue", type=int, default=512,
                    help="requests that may wait for capacity before the rest get 429")
     p.add_argument("--connect-timeout", type=float, default=3.0, metavar="SECONDS")
@@ -116,6 +122,8 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
         admin_secret=admin_secret, admin_max_body_bytes=args.admin_max_body_bytes,
         pull_interval_s=args.pull_interval, probe_interval_s=args.probe_interval,
         probes=not args.no_probes, max_body_bytes=args.max_body_bytes,
+        client_request_timeout_s=args.client_request_timeout,
+        upload_min_bytes_per_s=args.upload_min_rate,
         max_queue=args.max_queue, connect_timeout_s=args.connect_timeout,
         dead_peer_timeout_s=args.dead_peer_timeout,
         upstream_timeout_s=args.upstream_timeout, prefix_index_blocks=args.prefix_index_blocks,

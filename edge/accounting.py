@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from edge.proxy import Exchange
     from edge.server import Edge
 
+# The model label of a request refused before its model was resolved (bad key, bad body,
+# rate limit, a model that does not exist or that the key may not use): one fixed series,
+# so that requests naming random models cannot add series without end. The name they sent
+# is in the access log.
+UNRESOLVED_MODEL = "unknown"
+
 
 def account(edge: Edge, exchange: Exchange) -> None:
     metrics = edge.metrics
@@ -30,7 +36,7 @@ def account(edge: Edge, exchange: Exchange) -> None:
     started = request.received_at
     end = exchange.last_byte_at or time.perf_counter()
     region = replica.region if replica is not None else ""
-    metrics.requests.inc((model, region, tenant, status))
+    metrics.requests.inc((model or UNRESOLVED_MODEL, region, tenant, status))
     ttft = exchange.first_byte_at - started if exchange.first_byte_at else None
     if ttft is not None:
         metrics.ttft.observe((model,), ttft)
@@ -60,7 +66,7 @@ def account(edge: Edge, exchange: Exchange) -> None:
             "status": status,
             "code": exchange.code or None,
             "tenant": tenant or None,
-            "model": model or None,
+            "model": model or exchange.requested_model or None,
             "requested_model": exchange.requested_model or None,
             "tier": exchange.tier,
             "stream": exchange.stream,

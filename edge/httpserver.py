@@ -19,6 +19,12 @@ Requests whose path the server's `streamed` predicate accepts (file uploads forw
 control plane) are handed to the handler as soon as their head is read, with a `BodyStream`
 in place of the body: its bytes go to the handler as they arrive, up to `max_streamed_body`,
 and the client's reads pause while the handler says it cannot take more.
+
+Deadlines: a request must arrive whole within `request_timeout_s` (a body still trickling in
+then gets a 408 naming the limit; a head, a plain close), and a streamed body, past that
+grace, must average `min_streamed_rate` bytes a second or its handler is told to drop it and
+the client gets a 408, so a slow-loris upload frees its connection (and the control plane's
+worker behind it) within seconds of the grace.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ log = logging.getLogger("meridian.edge.http")
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PIPELINED = 16
+# After a 408 to a client still sending its body, how long the rest is read and dropped
+# before the connection is closed (closing with unread bytes resets it, and the client could
+# lose the answer).
+LINGER_S = 2.0
 # The methods clients send, as the strings a Request carries, so that a request's method is
 # not decoded anew each time.
 METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
@@ -91,7 +101,8 @@ class BodyStream:
     (`on_end`); pieces that arrive before there is one are kept for it. `pause`/`resume`
     stop and restart reading the client's socket (backpressure from a slower destination)."""
 
-    __slots__ = ("_conn", "_held", "_ended", "_on_data", "_on_end", "received", "dropping")
+    __slots__ = ("_conn", "_held", "_ended", "_on_data", "_on_end", "received", "dropping",
+                 "paused_at", "paused_s")
 
     def __init__(self, conn: HttpConnection) -> None:
         self._conn = conn
@@ -101,6 +112,10 @@ class BodyStream:
         self._on_end: Callable[[], None] | None = None
         self.received = 0
         self.dropping = False  # answered already: the rest is read and thrown away
+        # Time spent paused by the destination's backpressure is not the client's: it does
+        # not count against the body's deadline (`late`).
+        self.paused_at = 0.0
+        self.paused_s = 0.0
 
     def consume(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
         self._on_data = on_data
@@ -138,12 +153,26 @@ class BodyStream:
     def pause(self) -> None:
         transport = self._conn.transport
         if transport is not None and not self._ended:
+            if not self.paused_at:
+                self.paused_at = time.monotonic()
             transport.pause_reading()
 
     def resume(self) -> None:
+        if self.paused_at:
+            self.paused_s += time.monotonic() - self.paused_at
+            self.paused_at = 0.0
         transport = self._conn.transport
         if transport is not None:
             transport.resume_reading()
+
+    def late(self, now: float, begun_at: float, grace_s: float, min_rate: int) -> bool:
+        """Whether the client is sending this body too slowly: after `grace_s`, it must have
+        averaged at least `min_rate` bytes a second (time paused by backpressure excluded).
+        A slow-loris trickle is cut after the grace; a steady upload of any size is not."""
+        if self._ended or self.dropping or min_rate <= 0:
+            return False
+        paused = self.paused_s + (now - self.paused_at if self.paused_at else 0.0)
+        return now - begun_at - paused > grace_s + self.received / min_rate
 
 
 class Request:
@@ -197,6 +226,7 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._rejected = False
+        self._linger = False  # closing after a 408 to a client still sending (`close`)
         self._stream: BodyStream | None = None  # the body of a streamed request, arriving
         self._pending: deque[Request] = deque()
         self._busy = False  # a request is being answered
@@ -464,6 +494,46 @@ class HttpConnection(asyncio.Protocol):
             self._close_after = True
             self._pending.clear()
 
+    def request_late(self, timeout_s: float) -> None:
+        """A request (not streamed) still arriving after `timeout_s`: one whose body is
+        arriving gets a 408 naming the limit; one whose head is not in yet is closed, as is
+        a connection throwing away the rest of a body it has already answered."""
+        if self._in_body and self._stream is None and not self._rejected:
+            self._linger = True
+            self._reject(408, f"request body not received within {timeout_s:g} s",
+                         "request_timeout")
+        else:
+            self.close()
+
+    def streamed_body_late(self, now: float, grace_s: float, min_rate: int) -> bool:
+        """Whether a streamed body is still being answered and arriving too slowly."""
+        stream = self._stream
+        return (stream is not None and self._busy and 0 < self.request_begun_at
+                and stream.late(now, self.request_begun_at, grace_s, min_rate))
+
+    def end_late_body(self, grace_s: float, min_rate: int) -> None:
+        """A streamed body arriving too slowly: its handler is told (as if the client had
+        gone: it drops what it was forwarding), the client gets a 408 naming the limit where
+        no answer has begun, and the connection ends."""
+        stream, self._stream = self._stream, None
+        received = stream.received if stream is not None else 0
+        self._rejected = True  # whatever still arrives of it is ignored
+        log.warning("streamed request body from %s too slow (%d bytes); closing", self.peer,
+                    received)
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
+        if self.response_started or self.transport is None:
+            self.abort()
+            return
+        self._close_after = True
+        self._linger = True
+        self._pending.clear()
+        message = (f"request body arrived slower than {min_rate} bytes/s after its first "
+                   f"{grace_s:g} s ({received} bytes received)")
+        self.respond(408, b'{"error":{"message":"%s","type":"invalid_request_error",'
+                          b'"param":null,"code":"request_timeout"}}' % message.encode())
+
     # --- writing a response -------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
@@ -554,9 +624,17 @@ class HttpConnection(asyncio.Protocol):
             producer.pause_reading()
 
     def close(self) -> None:
-        if self.transport is not None:
+        transport = self.transport
+        if transport is not None:
             self.flush()
-            self.transport.close()
+            if self._linger and transport.can_write_eof():
+                # The answer ends with our half of the connection; what the client still
+                # sends is dropped (`_rejected`) until it closes, or for LINGER_S at most.
+                transport.write_eof()
+                transport.resume_reading()
+                asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+            else:
+                transport.close()
 
     def abort(self) -> None:
         """Cut the connection: the way to tell a client its response is incomplete."""
@@ -584,15 +662,18 @@ class HttpServer:
     def __init__(self, handler: Handler, max_body: int = 8 * 1024 * 1024,
                  idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0,
                  streamed: Callable[[str], bool] | None = None,
-                 max_streamed_body: int = 0, admit_head: AdmitHead | None = None) -> None:
+                 max_streamed_body: int = 0, admit_head: AdmitHead | None = None,
+                 min_streamed_rate: int = 0) -> None:
         self.handler = handler
         self.max_body = max_body
         # Called with (method, path, headers) once a head is read, before its body: a
         # (status, code, message) refuses the request unread (the admin API's auth check).
         self.admit_head = admit_head
-        # Paths whose bodies are handed over as they arrive, up to max_streamed_body bytes.
+        # Paths whose bodies are handed over as they arrive, up to max_streamed_body bytes,
+        # at least min_streamed_rate bytes a second once request_timeout_s has passed.
         self.streamed = streamed
         self.max_streamed_body = max_streamed_body
+        self.min_streamed_rate = min_streamed_rate
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.connections: set[HttpConnection] = set()
@@ -614,17 +695,23 @@ class HttpServer:
         return int(server.sockets[0].getsockname()[1])
 
     async def _sweep_idle(self) -> None:
-        # Keep-alive connections left idle, and requests that take too long to arrive (a
-        # client trickling its head or body), are closed here, once a second at most.
+        # Keep-alive connections left idle, requests that take too long to arrive (a client
+        # trickling its head or body) and streamed bodies arriving too slowly are ended
+        # here, once a second at most.
+        grace_s, min_rate = self.request_timeout_s, self.min_streamed_rate
         while True:
             await asyncio.sleep(min(1.0, self.idle_timeout_s, self.request_timeout_s))
             now = time.monotonic()
             idle_cutoff = now - self.idle_timeout_s
             slow_cutoff = now - self.request_timeout_s
-            for conn in [c for c in self.connections if c.idle and (
-                    c.last_active < idle_cutoff
-                    or 0 < c.request_begun_at < slow_cutoff)]:
-                conn.close()
+            for conn in list(self.connections):
+                if conn.idle:
+                    if 0 < conn.request_begun_at < slow_cutoff:
+                        conn.request_late(self.request_timeout_s)
+                    elif conn.last_active < idle_cutoff:
+                        conn.close()
+                elif conn.streamed_body_late(now, grace_s, min_rate):
+                    conn.end_late_body(grace_s, min_rate)
 
     async def close(self) -> None:
         """Stop listening and close idle connections; busy ones close after their response."""

@@ -176,8 +176,11 @@ class Exchange(Listener):
         route = api.routes.get((id(tenant), self.requested_model,
                                 headers.get(b"x-meridian-tier")))
         if route is None or api.routes_table is not table:
-            self.body = api.resolve_model(request, table, tenant, self, payload)
+            # The rate limit comes before the model is looked up: a flood naming models that
+            # do not exist spends the key's budget like any other.
+            self.tier = api.tier_of(request, tenant)
             api.admit(tenant, self)
+            self.body = api.resolve_model(request, table, tenant, self, payload)
             cset = self.cset = api.candidates(table, tenant, self.model, self.tier)
             prefix_on = bool(len(cset.replicas) > 1 and table.policy.scorers.get("prefix"))
             if self.model == self.requested_model and self.model not in table.aliases:
@@ -196,6 +199,7 @@ class Exchange(Listener):
                     api.admit(tenant, self)  # refuses, or admits after all
                     charged = self.charged_tokens
             self.charged_tokens = charged
+            self.model = cset.model
         keys: list[int] = []
         if prefix_on and self.prompt_text:
             keys = block_keys(self.prompt_text, seed=cset.prefix_seed)
@@ -786,7 +790,9 @@ class ClientApi:
             if problem:
                 raise errors.bad_request(problem, "cache_salt", "invalid_value")
             exchange.client_salt = True
-        exchange.requested_model = exchange.model = model
+        # `exchange.model` stays empty until the model is resolved: a request refused before
+        # then is counted under a fixed label (edge.accounting), whatever name it sent.
+        exchange.requested_model = model
         exchange.stream = bool(stream)
         if exchange.chat:
             messages = payload.get("messages")
@@ -820,15 +826,19 @@ class ClientApi:
         exchange.prompt_tokens_est = len(exchange.prompt_text) // BYTES_PER_TOKEN + 1
         return payload
 
-    def resolve_model(self, request: Request, table: RoutingTable, tenant: TenantRules,
-                      exchange: Exchange, payload: dict[str, Any]) -> bytes:
-        """Apply the tier header and aliases; the body to forward (re-encoded only if the
-        model changed)."""
-        tier = tenant.tier
+    def tier_of(self, request: Request, tenant: TenantRules) -> str:
+        """The tenant's tier, or batch when the request asks for it (a caller may lower its
+        own priority, never raise it)."""
         wanted = request.headers.get(b"x-meridian-tier")
         if wanted is not None and wanted.lower() == b"batch":
-            tier = "batch"  # a caller may lower its own priority, never raise it
-        exchange.tier = tier
+            return "batch"
+        return tenant.tier
+
+    def resolve_model(self, request: Request, table: RoutingTable, tenant: TenantRules,
+                      exchange: Exchange, payload: dict[str, Any]) -> bytes:
+        """Apply aliases (at `exchange.tier`); the body to forward (re-encoded only if the
+        model changed)."""
+        tier = exchange.tier
         model = exchange.requested_model
         alias = table.aliases.get(model)
         if alias is not None:
@@ -841,6 +851,7 @@ class ClientApi:
             return orjson.dumps(payload)
         if model not in table.models or not tenant.may_use_model(model):
             raise errors.model_not_found(model)
+        exchange.model = model
         return request.body
 
     def admit(self, tenant: TenantRules, exchange: Exchange) -> None:

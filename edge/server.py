@@ -82,6 +82,9 @@ class EdgeConfig:
     dead_peer_timeout_s: float = 5.0
     client_idle_timeout_s: float = 75.0
     client_request_timeout_s: float = 30.0  # to receive a whole request, head and body
+    # An upload streamed through (edge.httpserver) gets client_request_timeout_s, then must
+    # average this many bytes a second, or it is answered 408 and its connection ends.
+    upload_min_bytes_per_s: int = 64 * 1024
     prefix_index_blocks: int = 100_000
 
 
@@ -311,7 +314,8 @@ class Edge:
                                         self.config.client_idle_timeout_s,
                                         self.config.client_request_timeout_s,
                                         streamed=forwarded,
-                                        max_streamed_body=self.config.max_upload_bytes)
+                                        max_streamed_body=self.config.max_upload_bytes,
+                                        min_streamed_rate=self.config.upload_min_bytes_per_s)
         self.admin_server = HttpServer(self.admin_api.handle, self.config.admin_max_body_bytes,
                                        admit_head=self.admin_api.admit_head)
         port = await self.client_server.listen(listen[0], listen[1], ssl=tls)
