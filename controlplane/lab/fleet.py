@@ -10,7 +10,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from django.db import close_old_connections, transaction
 
@@ -22,7 +21,6 @@ from controlplane.provisioning import services
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.routing.edge_secrets import edge_secret
 from controlplane.routing.models import Edge
-from edge.local import admin_request
 from regions.models import Jurisdiction, Region
 
 DEMO_DEPLOYMENT = "demo-chat"
@@ -152,7 +150,7 @@ def admin_secret_path(var_dir: Path, edge_name: str) -> Path:
 
 def write_admin_secrets(edges: list[LabEdge], var_dir: Path) -> None:
     """Each edge's admin secret (routing/edge_secrets.py) in a file only its owner reads, and
-    a map from admin URL to secret file for the lab's own tools (`lab_admin_get`)."""
+    a map from admin URL to secret file for the lab's own tools (`child_lab.edge_admin_get`)."""
     known = {}
     for edge in edges:
         path = admin_secret_path(var_dir, edge.name)
@@ -162,13 +160,6 @@ def write_admin_secrets(edges: list[LabEdge], var_dir: Path) -> None:
             handle.write(edge_secret(edge.name))
         known[edge.admin_url] = str(path)
     (var_dir / "lab" / "edge-admin.json").write_text(json.dumps(known))
-
-
-def lab_admin_get(var_dir: Path, admin_url: str, path: str) -> Any:
-    """GET an admin path of one of the lab's edges, signed with its secret (benches)."""
-    secrets = json.loads((var_dir / "lab" / "edge-admin.json").read_text())
-    secret = Path(secrets[admin_url]).read_bytes().strip()
-    return admin_request(admin_url, path, secret, timeout_s=2)
 
 
 def stop_local_replicas() -> list[str]:
