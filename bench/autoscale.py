@@ -10,7 +10,8 @@ requests are recorded at the Celery boundary instead of launched.
 
     python bench/autoscale.py [--quick | --smoke] [--trials N]
 
-(`--smoke`: one trial after one quiet scrape, to check that every step runs, not the figures)
+(`--smoke`: one trial after one quiet scrape, 40-token answers, to check that every step
+runs, not the figures)
 
 Prints progress on stderr and one JSON line last on stdout. Target: ≤ 10 s (SkyServe waits
 300 s by default before scaling up; Knative's panic window is 6 s).
@@ -138,11 +139,13 @@ class ControlLoops(threading.Thread):
 
 
 class Load(threading.Thread):
-    """CONCURRENCY clients sending chat completions back to back until stopped."""
+    """CONCURRENCY clients sending chat completions of `max_tokens` back to back until
+    stopped (the queue stays as long as they send; shorter answers only end it sooner)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, max_tokens: int = 150) -> None:
         super().__init__(daemon=True)
         self.url, self.stop = url, threading.Event()
+        self.max_tokens = max_tokens
         self.started_at = 0.0
         self.begun = threading.Event()
 
@@ -152,7 +155,7 @@ class Load(threading.Thread):
     async def _main(self) -> None:
         import aiohttp
 
-        body = {"model": MODEL, "max_tokens": 150,
+        body = {"model": MODEL, "max_tokens": self.max_tokens,
                 "messages": [{"role": "user", "content": "Tell me about autoscaling."}]}
         async with aiohttp.ClientSession() as session:
             async def client() -> None:
@@ -176,8 +179,10 @@ def engine_idle(url: str) -> bool:
     return snap.running + snap.waiting == 0
 
 
-def trial(url: str, deployment: Any, rng: random.Random, quiet_scrapes: int = 2
-          ) -> dict[str, Any]:
+def trial(url: str, deployment: Any, rng: random.Random, quiet_scrapes: int = 2,
+          drain: bool = True, max_tokens: int = 150) -> dict[str, Any]:
+    """One overload from a quiet engine until the scale-up decision; `drain`: then wait until
+    the engine has finished the overload's requests (the next trial starts from quiet)."""
     from controlplane.deployments.models import Replica
     from controlplane.deployments.models import ReplicaState as S
     from controlplane.scaling.models import ScalingDecision
@@ -190,7 +195,7 @@ def trial(url: str, deployment: Any, rng: random.Random, quiet_scrapes: int = 2
     loops = ControlLoops(phase)
     loops.start()
     time.sleep(INTERVAL_S * quiet_scrapes + rng.uniform(0, INTERVAL_S))  # quiet scrapes first
-    load = Load(url)
+    load = Load(url, max_tokens)
     load.start()
     load.begun.wait(10)
     decision = None
@@ -209,8 +214,9 @@ def trial(url: str, deployment: Any, rng: random.Random, quiet_scrapes: int = 2
         raise RuntimeError(f"control loop failed: {loops.errors[:3]}")
     if decision is None:
         raise RuntimeError("no scale-up decision within 30 s of the overload")
-    wait_until(lambda: engine_idle(url), 60.0, "the engine to finish the overload's requests",
-               every_s=0.2)
+    if drain:
+        wait_until(lambda: engine_idle(url), 60.0,
+                   "the engine to finish the overload's requests", every_s=0.2)
     seconds = decision.at.timestamp() - load.started_at
     held = decision.signals.get("sustained_s", {})
     return {"decision_s": round(seconds, 2), "phase_s": round(phase, 2),
@@ -236,7 +242,8 @@ def main() -> None:
         rng = random.Random(args.seed)
         results = []
         for i in range(trials):
-            result = trial(url, deployment, rng, quiet_scrapes=1 if args.smoke else 2)
+            result = trial(url, deployment, rng, quiet_scrapes=1 if args.smoke else 2,
+                           drain=i < trials - 1, max_tokens=40 if args.smoke else 150)
             log(f"trial {i + 1}/{trials}: decision {result['decision_s']} s after the overload "
                 f"began (autoscale phase {result['phase_s']} s): {result['reason']}")
             results.append(result)

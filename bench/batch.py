@@ -317,7 +317,8 @@ class Chat:
 
 
 def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
-              timeout_s: float, watch: PoolWatch | None = None) -> dict[str, Any]:
+              timeout_s: float, watch: PoolWatch | None = None,
+              kill_worker: bool = True) -> dict[str, Any]:
     client = openai.OpenAI(api_key=lab.demo_key, base_url=f"{edge_url}/v1", max_retries=2,
                            timeout=60)
     try:
@@ -341,7 +342,7 @@ def run_batch(lab: Lab, var_dir: Path, edge_url: str, lines: int,
                 last_log = time.monotonic()
             if batch.status in ("completed", "failed", "expired", "cancelled"):
                 break
-            if worker_kill is None and done >= WORKER_KILL_AT * lines:
+            if kill_worker and worker_kill is None and done >= WORKER_KILL_AT * lines:
                 worker_kill = kill_batch_worker(lab, batch.id)
                 if worker_kill:
                     log(f"  SIGKILLed batch worker pid {worker_kill['pid']} holding "
@@ -388,8 +389,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true",
-                        help="the smallest run that goes through every step: 20 lines, 2 s "
-                             "of interactive load before them")
+                        help="the smallest run that goes through the steps: 20 lines, 2 s "
+                             "of interactive load before them, a replica killed but no worker "
+                             "(its lines would wait out their lease)")
     parser.add_argument("--lab", type=Path, metavar="FILE",
                         help="drive the running lab FILE describes (controlplane.lab.child_lab"
                              ".describe_lab; started with SMOKE_LAB's environment) instead of "
@@ -439,7 +441,9 @@ def main() -> None:
             log(f"interactive only: {len(chat.ttft_between(base_start, base_end))} requests in "
                 f"{baseline_s:.0f} s; now the batch")
             result = run_batch(lab, var_dir, edge_url, lines,
-                               120.0 if args.quick or args.smoke else 900.0, watch)
+                               120.0 if args.quick or args.smoke else 900.0, watch,
+                               # Its lines would wait out their 12 s lease: not in a smoke run.
+                               kill_worker=not args.smoke)
             batch_end = time.time()
             chat.stop()
             if watch is not None:

@@ -262,15 +262,20 @@ async def drill(lab: Lab, region: str, concurrency: int, warm_s: float, after_s:
     deadline = time.monotonic() + (timeout_s if tables_at is not None else 0.0)
     # The region goes down before its replacements are ready, if it goes down at all.
     while time.monotonic() < deadline and ready_at is None:
-        if down_at is None:
-            down_at = await asyncio.to_thread(_region_down_at, lab, region)
-        if cut is not None:
-            incident = await asyncio.to_thread(_incident_since, lab, region, started)
-            if incident is None:
-                await asyncio.sleep(0.25)
-                continue
-        detail = await asyncio.to_thread(api, "GET", f"{lab.base}/api/v1/incidents/"
-                                         f"{incident['id']}/", lab.token)
+        try:  # a busy control plane may not answer within a call's 10 s: ask again
+            if down_at is None:
+                down_at = await asyncio.to_thread(_region_down_at, lab, region)
+            if cut is not None:
+                incident = await asyncio.to_thread(_incident_since, lab, region, started)
+                if incident is None:
+                    await asyncio.sleep(0.25)
+                    continue
+            detail = await asyncio.to_thread(api, "GET", f"{lab.base}/api/v1/incidents/"
+                                             f"{incident['id']}/", lab.token)
+        except OSError as exc:
+            log(f"  the API did not answer ({exc}); asking again")
+            await asyncio.sleep(0.25)
+            continue
         if detail["replacement_ready_at"] and ready_at is None:
             ready_at = iso_time(detail["replacement_ready_at"])
         await asyncio.sleep(0.25)
@@ -382,8 +387,11 @@ class Partitions:
 async def _tables_without(lab: Lab, region: str, since: float, timeout_s: float) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        tables = await asyncio.gather(*(asyncio.to_thread(edge_replicas, admin)
-                                        for _, admin in lab.edges.values()))
+        try:
+            tables = await asyncio.gather(*(asyncio.to_thread(edge_replicas, lab, admin)
+                                            for _, admin in lab.edges.values()))
+        except OSError:  # an edge busy past the call's 2 s: ask again
+            continue
         if all(all(r["region"] != region for r in rows) for rows in tables):
             return time.time()
         await asyncio.sleep(0.05)

@@ -67,6 +67,7 @@ from controlplane.lab.child_lab import (  # noqa: E402
     stop_lab,
     wait_ready,
 )
+from controlplane.lab.waiting import wait_until  # noqa: E402
 
 DEPLOYMENT = "demo-chat"  # controlplane.lab.fleet.DEMO_DEPLOYMENT
 MODEL = MODELS["enginesim"]
@@ -91,27 +92,32 @@ def replica_revisions(lab: Lab) -> dict[str, str]:
     splits the model)."""
     out: dict[str, str] = {}
     for _, admin in lab.edges.values():
-        for replica in edge_replicas(admin):
+        for replica in edge_replicas(lab, admin):
             if replica.get("revision"):
                 out[replica["id"]] = replica["revision"]
     return out
 
 
 def wait_for_canary(lab: Lab, revision: int, timeout_s: float) -> str:
-    """The canary replica's URL, once every edge routes to it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ids = [{r["id"] for r in edge_replicas(admin)
+    """The canary replica's URL, once every edge routes to it and the API has it ready."""
+    def canary_url() -> str:
+        ids = [{r["id"] for r in edge_replicas(lab, admin)
                 if r.get("revision") == str(revision) and r.get("state") == "ready"}
                for _, admin in lab.edges.values()]
-        if all(ids):
-            replicas = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
-                           lab.token)["results"]
-            canary = next(r for r in replicas if r["public_id"] in ids[0])
-            log(f"  canary replica {canary['public_id']} serving in {canary.get('region')}")
-            return str(canary["url"])
-        time.sleep(0.25)
-    raise RuntimeError(f"no edge routes to revision {revision}'s replica after {timeout_s:.0f} s")
+        if not all(ids):
+            return ""
+        replicas = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
+                       lab.token)["results"]
+        canaries = [r for r in replicas if r["public_id"] in ids[0]]
+        if not canaries:
+            return ""
+        log(f"  canary replica {canaries[0]['public_id']} serving in "
+            f"{canaries[0].get('region')}")
+        return str(canaries[0]["url"])
+
+    return wait_until(canary_url, timeout_s,
+                      f"every edge to route to revision {revision}'s ready replica",
+                      every_s=0.25, ignore=(OSError,))
 
 
 # -- load -------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 from controlplane.lab.processes import die_with_parent
 from controlplane.lab.waiting import wait_until
 from controlplane.provisioning.local import free_port
+from edge.local import admin_request
 
 REPO = Path(__file__).resolve().parents[2]
 # The lab's edges by region: (client URL, admin URL) at these offsets from --edge-port.
@@ -204,10 +205,17 @@ def running_lab(attach: Path | None, var_dir: Path, **start: Any) -> Iterator[La
         stop_lab(lab)
 
 
-def edge_replicas(admin: str) -> list[dict[str, Any]]:
-    """The replicas an edge routes to now (its /admin/replicas)."""
-    with urllib.request.urlopen(f"{admin}/admin/replicas", timeout=2) as response:
-        return list(json.loads(response.read())["replicas"])
+def edge_admin_get(lab: Lab, admin: str, path: str) -> Any:
+    """GET an admin path of one of the lab's edges, signed with the edge's secret (the lab
+    writes each edge's secret under its var dir, and which admin URL each is for)."""
+    secrets = json.loads((lab.var_dir / "lab" / "edge-admin.json").read_text())
+    secret = Path(secrets[admin]).read_bytes().strip()
+    return admin_request(admin, path, secret, timeout_s=2)
+
+
+def edge_replicas(lab: Lab, admin: str) -> list[dict[str, Any]]:
+    """The replicas one of the lab's edges routes to now (its /admin/replicas)."""
+    return list(edge_admin_get(lab, admin, "/admin/replicas")["replicas"])
 
 
 def wait_ready(lab: Lab, replicas: int, timeout_s: float = 180) -> None:
@@ -216,7 +224,7 @@ def wait_ready(lab: Lab, replicas: int, timeout_s: float = 180) -> None:
         rows = api("GET", f"{lab.base}/api/v1/replicas/?state=ready&page_size=100",
                    lab.token)["results"]
         return len(rows) >= replicas and all(
-            len(edge_replicas(admin)) >= replicas for _, admin in lab.edges.values())
+            len(edge_replicas(lab, admin)) >= replicas for _, admin in lab.edges.values())
 
     wait_until(ready, timeout_s, f"{replicas} ready replicas in the lab and on every edge",
                every_s=1.0, ignore=(OSError, KeyError))
