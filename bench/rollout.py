@@ -62,6 +62,7 @@ from controlplane.lab.child_lab import (  # noqa: E402
     api,
     attach_lab,
     edge_replicas,
+    engine_client_context,
     iso_time,
     start_lab,
     stop_lab,
@@ -221,7 +222,8 @@ async def run_phase(lab: Lab, *, vllm_version: str, steps: list[int], bake_s: in
         request = urllib.request.Request(f"{url}/sim/faults", data=json.dumps(fault).encode(),
                                          method="POST",
                                          headers={"Content-Type": "application/json"})
-        await asyncio.to_thread(urllib.request.urlopen, request, timeout=5)
+        context = engine_client_context(lab) if url.startswith("https:") else None
+        await asyncio.to_thread(urllib.request.urlopen, request, timeout=5, context=context)
         log(f"canary {url} given the fault {fault}")
     ready_at = time.time()
     revisions = await asyncio.to_thread(replica_revisions, lab)

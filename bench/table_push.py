@@ -25,6 +25,7 @@ import sys
 import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 # What every run's JSON line holds (tests/bench/test_benchmarks.py checks it at --smoke).
 RESULT_KEYS = ("benchmark", "quick", "smoke", "edges", "push_p50_s", "push_p99_s",
-               "push_max_s", "rounds", "targets")
+               "push_max_s", "unacked", "rounds", "targets")
 
 
 def log(message: str) -> None:
@@ -106,7 +107,7 @@ def setup_django(db_name: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def run_round(n_edges: int, tmp: Path, trials: int = 3) -> dict[str, float]:
+def run_round(n_edges: int, tmp: Path, trials: int = 3) -> dict[str, Any]:
     from django.db import transaction
 
     from controlplane.deployments.models import Deployment, Model, Replica
@@ -150,6 +151,7 @@ def run_round(n_edges: int, tmp: Path, trials: int = 3) -> dict[str, float]:
     ])
     services.publish()  # initial tables: every edge starts in sync
     samples: list[float] = []
+    unacked: list[str] = []  # pushes an edge did not ack within the push's own limit
     try:
         for trial in range(trials):
             with transaction.atomic():
@@ -158,9 +160,11 @@ def run_round(n_edges: int, tmp: Path, trials: int = 3) -> dict[str, float]:
             tables = services.compile_tables()
             compiled = time.perf_counter()
             results = services.push_tables(tables)
-            assert all(r.acked for r in results), [r.detail for r in results if not r.acked][:3]
-            samples.extend((compiled - committed) + r.seconds for r in results)
-            log(f"{n_edges} edges, trial {trial + 1}: all acked in "
+            unacked += [r.detail or "no ack" for r in results if not r.acked]
+            samples.extend((compiled - committed) + r.seconds for r in results if r.acked)
+            missing = sum(1 for r in results if not r.acked)
+            log(f"{n_edges} edges, trial {trial + 1}: "
+                f"{'all acked' if not missing else f'{missing} not acked, the rest'} in "
                 f"{time.perf_counter() - committed:.3f} s (compile {compiled - committed:.3f} s)")
     finally:
         stop.set()
@@ -171,9 +175,12 @@ def run_round(n_edges: int, tmp: Path, trials: int = 3) -> dict[str, float]:
     samples.sort()
     return {
         "edges": n_edges,
-        "push_p50_s": round(statistics.median(samples), 4),
-        "push_p99_s": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 4),
-        "push_max_s": round(samples[-1], 4),
+        "push_p50_s": round(statistics.median(samples), 4) if samples else None,
+        "push_p99_s": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 4)
+        if samples else None,
+        "push_max_s": round(samples[-1], 4) if samples else None,
+        # Not in the percentiles above, which are over acked pushes: any here is a miss.
+        "unacked": len(unacked), "unacked_reasons": sorted(set(unacked))[:3],
     }
 
 

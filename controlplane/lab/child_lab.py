@@ -18,6 +18,7 @@ import queue
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -211,6 +212,17 @@ def edge_admin_get(lab: Lab, admin: str, path: str) -> Any:
     secrets = json.loads((lab.var_dir / "lab" / "edge-admin.json").read_text())
     secret = Path(secrets[admin]).read_bytes().strip()
     return admin_request(admin, path, secret, timeout_s=2)
+
+
+def engine_client_context(lab: Lab) -> ssl.SSLContext:
+    """A TLS context for calling the lab's engines directly (they demand a client certificate
+    from the engine CA): the control plane's own client certificate, which the lab installs
+    under its var dir (controlplane.core.certificates.client_context)."""
+    bundle = lab.var_dir / "keys" / "clients" / "scraper-controlplane"
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                         cafile=str(bundle / "ca.pem"))
+    context.load_cert_chain(str(bundle / "cert.pem"), str(bundle / "key.pem"))
+    return context
 
 
 def edge_replicas(lab: Lab, admin: str) -> list[dict[str, Any]]:
