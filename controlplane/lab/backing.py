@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from controlplane.lab.waiting import wait_until
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VAR_DIR = REPO_ROOT / "var"
 LOCAL_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/meridian"
@@ -52,12 +54,8 @@ def lab_redis_url() -> str:
             ],
             check=True,
         )
-        for _ in range(50):
-            if _unix_socket_answers(sock):
-                break
-            import time
-
-            time.sleep(0.1)
+        wait_until(lambda: _unix_socket_answers(sock), 30,
+                   f"the embedded Redis answering on {sock}", every_s=0.1)
     return f"redis+socket://{sock}"
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shutil
 import socket
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from controlplane.lab.processes import ProcessGroup
+from controlplane.lab.waiting import WaitTimeout, wait_until
 
 CONFIG = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "prometheus.yml"
 
@@ -54,17 +54,19 @@ def start_prometheus(group: ProcessGroup, var_dir: Path, host: str, port: int,
 
 
 def wait_ready(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> bool:
-    """Whether Prometheus at `url` answers /-/ready within the time (False once `alive` is)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and alive():
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
+    """Whether Prometheus at `url` answers /-/ready within the time (False as soon as `alive`
+    is: a process that exited will not become ready)."""
+    try:
+        wait_until(lambda: not alive() or _ready(url), timeout_s, f"Prometheus ready at {url}",
+                   every_s=0.1, ignore=(OSError,))
+    except WaitTimeout:
+        return False
+    return alive()
+
+
+def _ready(url: str) -> bool:
+    with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as response:
+        return bool(response.status == 200)
 
 
 def port_free(host: str, port: int) -> bool:

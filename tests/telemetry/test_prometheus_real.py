@@ -5,8 +5,8 @@ Per engine (enginesim; the real vLLM CPU build where `make engine` made it): Pro
 scrapes it every second; once it has seen the engine idle, streaming traffic runs while a
 thread scrapes the engine directly every 0.1 s; then Prometheus is given time to scrape the
 settled counters. Tolerances: counters and the settled gauges agree exactly; a gauge during
-traffic lies within what the direct scrapes overlapping Prometheus's scrape (give or take
-0.25 s) saw; a rate over W seconds lies between increase/W and increase/(W - 2.2 intervals)
+traffic lies within what the direct scrapes bracketing Prometheus's scrape saw, where no
+request ended in between (the engine's success counter did not move); a rate over W seconds lies between increase/W and increase/(W - 2.2 intervals)
 (PromQL extrapolates from the first and last samples in the window to its edges); a p95
 equals the quantile of the direct scrapes' bucket deltas (every bucket shares timestamps, so
 extrapolation scales them alike and cancels).
@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.lab.waiting import wait_until
 from controlplane.telemetry.engine_metrics import EngineSnapshot
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.queries import MIN_WINDOW_S, QUERIES
@@ -85,14 +86,6 @@ def prometheus_counter(s: Scenario, name: str) -> float | None:
     return float(result[0]["value"][1]) if result else None  # type: ignore[index]
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 @pytest.fixture(scope="module", params=list(ENGINES))
 def scenario(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
@@ -100,8 +93,8 @@ def scenario(request: pytest.FixtureRequest,
     with ENGINES[request.param](home) as engine, run_prometheus(home, [engine]) as prom:
         source = PrometheusSource(prom.url)
         scraped = f'count_over_time(up{{job="{JOB}",replica="{engine.replica}"}}[1m])'
-        wait_for(lambda: bool(r := prom.api(scraped)) and float(r[0]["value"][1]) >= 2,  # type: ignore[index]
-                 30, "two scrapes of the idle engine")
+        wait_until(lambda: bool(r := prom.api(scraped)) and float(r[0]["value"][1]) >= 2,  # type: ignore[index]
+                   60, "two scrapes of the idle engine", every_s=0.2)
         t0, before = time.time(), engine.scrape()
         with Sampler(engine) as sampler:
             started = time.time()
@@ -110,7 +103,8 @@ def scenario(request: pytest.FixtureRequest,
             # The direct scrapes go on a while: the engine's gauges fall as its last
             # requests finish, before their clients have read the end, so a scrape by
             # Prometheus just before `ended` needs direct scrapes after it to compare with.
-            time.sleep(0.5)
+            wait_until(lambda: sum(sent >= ended for sent, _, _ in sampler.samples) >= 3, 60,
+                       "three direct scrapes after the traffic")
         # Settled: two direct scrapes a scrape interval apart agree, and Prometheus has
         # scraped since the second.
         text = metrics_text(engine)
@@ -122,8 +116,8 @@ def scenario(request: pytest.FixtureRequest,
             text = again
         settled_at = time.time()
         last_scrape = f'timestamp(up{{job="{JOB}",replica="{engine.replica}"}})'
-        wait_for(lambda: float(prom.api(last_scrape)[0]["value"][1]) > settled_at,  # type: ignore[index]
-                 10, "a scrape of the settled engine")
+        wait_until(lambda: float(prom.api(last_scrape)[0]["value"][1]) > settled_at,  # type: ignore[index]
+                   60, "a scrape of the settled engine", every_s=0.2)
         t_eval = time.time()
         yield Scenario(engine, prom, source, t0, before, (started, ended), sampler.samples,
                        engine.scrape(), text, t_eval, math.ceil(t_eval - t0) + 2)
@@ -144,7 +138,12 @@ def _gauge(attr: str) -> Callable[[Scenario], None]:
         name = attr  # the gauges' queries are named after ReplicaStats' fields
         assert s.at_end(name) == {s.engine.replica: getattr(s.after, attr)}
         # During traffic, at each of Prometheus's scrapes (it began at ts and took `took`
-        # seconds): within what the direct scrapes overlapping it, give or take 0.25 s, saw.
+        # seconds): within what the direct scrapes saw from the last one answered before it
+        # to the first one sent after it, if no request ended in between (the engine's
+        # success counter says so): until one ends, requests only arrive and grow, so both
+        # gauges only rise. Evidence, not a clock tolerance: a loaded machine stretches the
+        # sampler's 0.1 s, and a request that ended unseen in between (a dip of `running`
+        # before its worker's next, `kv_usage` risen then freed) cannot be judged.
         window = (f'scrape_duration_seconds{{job="{JOB}",replica="{s.engine.replica}"}}'
                   f"[{s.window_s}s]")
         (series,) = s.prometheus.api(window, at=s.t_eval)
@@ -152,12 +151,16 @@ def _gauge(attr: str) -> Callable[[Scenario], None]:
                    if s.traffic[0] <= float(t) <= s.traffic[1]]
         seen = []
         for ts, took in scrapes:
-            near = [getattr(snap, attr) for sent, read, snap in s.during
-                    if read >= ts - 0.25 and sent <= ts + took + 0.25]
             # Only a scrape with direct scrapes on both sides of it can be judged.
-            bracketed = (any(read <= ts for _, read, _ in s.during)
-                         and any(sent >= ts + took for sent, _, _ in s.during))
-            if near and bracketed:
+            first = max((i for i, (_, read, _) in enumerate(s.during) if read <= ts),
+                        default=None)
+            last = min((i for i, (sent, _, _) in enumerate(s.during) if sent >= ts + took),
+                       default=None)
+            if first is None or last is None:
+                continue
+            bracket = [snap for _, _, snap in s.during[first:last + 1]]
+            if bracket[0].counters["requests_ok"] == bracket[-1].counters["requests_ok"]:
+                near = [getattr(snap, attr) for snap in bracket]
                 got = s.source.query(name, s.window_s, at=ts)[s.engine.replica]
                 assert min(near) - 1e-9 <= got <= max(near) + 1e-9, (ts, took, got, near)
                 seen.append(got)
@@ -251,5 +254,6 @@ def test_the_labs_prometheus_dies_with_the_lab(tmp_path: Path) -> None:
     finally:
         lab.kill()
         lab.wait(10)
-    wait_for(lambda: not Path(f"/proc/{pid}").exists()
-             or " Z " in Path(f"/proc/{pid}/stat").read_text(), 15, "Prometheus to exit")
+    wait_until(lambda: not Path(f"/proc/{pid}").exists()
+               or " Z " in Path(f"/proc/{pid}/stat").read_text(), 60, "Prometheus to exit",
+               every_s=0.2, ignore=(FileNotFoundError,))  # gone between the two reads
