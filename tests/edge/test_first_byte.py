@@ -34,8 +34,10 @@ from .helpers import (
     running_edge,
 )
 
-LIMIT = {"first_byte_timeout_s": 1.0, "eject_after_failures": 1, "eject_base_s": 30.0,
-         "stream_stall_s": 0.5}
+# A hung engine overruns any limit; these leave the healthy engine (first token in some
+# 30 ms, then one every 10 ms) a hundred times its need on a loaded machine.
+LIMIT = {"first_byte_timeout_s": 3.0, "eject_after_failures": 1, "eject_base_s": 30.0,
+         "stream_stall_s": 2.0}
 
 
 def _fault(port: int, **fault: Any) -> None:
@@ -121,7 +123,7 @@ def test_with_no_other_replica_a_hung_stream_answers_502_naming_the_limit(
             assert response.status == 502
             error = (await response.json())["error"]
             assert error["code"] == "upstream_unavailable"
-            assert "no first token within 1s" in error["message"], error
+            assert "no first token within 3s" in error["message"], error
 
     asyncio.run(scenario())
 
@@ -219,7 +221,7 @@ def test_a_pooled_connection_that_times_out_sends_the_request_elsewhere_at_once(
                 replica("near", f"http://127.0.0.1:{engines[1]}", rtt_ms=90)]},
                 policy={"scorers": {"latency": 1.0}, "eject_after_failures": 1})
             async with running_edge(signing_key, state_dir, connect_timeout_s=60.0,
-                                    dead_peer_timeout_s=1.0) as edge:
+                                    dead_peer_timeout_s=3.0) as edge:
                 assert (await edge.push(table, signing_key))[0] == 200
                 warm = await edge.chat("sim", "warm the pool", max_tokens=2)
                 assert warm.status == 200 and edge.edge.metrics.retries.get(("sim",)) == 0
