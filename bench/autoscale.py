@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -63,6 +64,9 @@ def start_engine(port: int) -> subprocess.Popen[bytes]:
 def setup(url: str) -> Any:
     from table_push import setup_django
 
+    # Its engine is an enginesim of its own on plain HTTP, scraped directly by the control
+    # loops: no engine mTLS (the lab's engines have it; this is no lab).
+    os.environ["MERIDIAN_ENGINE_TLS"] = "0"
     setup_django("meridian_bench_autoscale")
     from celery.app.task import Task
 

@@ -38,6 +38,9 @@ BENCHES = sorted((REPO / "bench").glob("*.py"))
 MARKER = "MERIDIAN_BENCH_SMOKE_RUN"
 # Backstops for a run that hangs, not the expected durations (seconds on a quiet machine).
 SMOKE_TIMEOUT_S = {"enginesim": 240.0, "vllm": 600.0}
+# What the test run sets for itself (controlplane.lab.pytest_plugin) and a benchmark must
+# not inherit.
+TEST_ONLY_ENV = ("MERIDIAN_ENGINE_TLS",)
 # Engines and relays a run stopped may take a moment to go once it has exited.
 LEFTOVER_GRACE_S = 15.0
 
@@ -118,7 +121,10 @@ def run_smoke(bench: Path, *args: str, timeout_s: float) -> tuple[str, str, floa
     """(stdout, stderr, seconds, marker token) of `bench --smoke *args`; fails on a non-zero
     exit or a timeout (the run's whole session killed)."""
     token = uuid.uuid4().hex
-    env = {**os.environ, MARKER: token, "MERIDIAN_LAB": "1"}
+    # As `make bench` runs them: lab mode, and none of the test run's own switches (the
+    # pytest plugin's MERIDIAN_ENGINE_TLS=0 would hide a benchmark that breaks with mTLS).
+    env = {key: value for key, value in os.environ.items() if key not in TEST_ONLY_ENV}
+    env.update({MARKER: token, "MERIDIAN_LAB": "1"})
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, str(bench), "--smoke", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
