@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from controlplane.provisioning.base import (
@@ -26,7 +27,9 @@ from controlplane.provisioning.base import (
 )
 from controlplane.provisioning.skypilot_task import (
     CLUSTER_PREFIX,
+    ENGINE_KEY_SECRET,
     OPTIONAL_SECRETS,
+    TLS_SECRETS,
     class_names,
     cluster_name_for,
     first_line,
@@ -43,6 +46,8 @@ DEFAULT_CLOUDS = {name: name for name in ("aws", "gcp", "azure", "lambda", "runp
 # that ends has failed, whatever the exit code).
 JOB_STARTING = ("INIT", "PENDING", "SETTING_UP")
 JOB_ENDED = ("FAILED", "FAILED_SETUP", "FAILED_DRIVER", "SUCCEEDED", "CANCELLED")
+# An API-server request that has not ended yet (SkyPilot's RequestStatus).
+LAUNCH_ACTIVE = ("PENDING", "WAITING", "RUNNING")
 
 _QUOTA_WORDS = ("quota", "limitexceeded", "limit exceeded", "vcpulimit", "not enough quota")
 _CREDENTIAL_WORDS = ("not enabled", "sky check", "credential", "unauthorized", "access denied",
@@ -127,6 +132,8 @@ class SkyPilotProvider:
     """Replicas as SkyPilot clusters named `mrd-<replica_id>`; routing stays ours."""
 
     name = "skypilot"
+    CANCEL_POLL_S = 0.5  # how often terminate reads a cancelled launch's status
+    CANCEL_MIN_TIMEOUT_S = 30.0  # for the POST of a cancel (the server queues it at once)
     # adopt_or_reap works, but it lists every cluster through the API server, so it is not
     # advertised for the every-few-seconds reconcile loop; call it at start-up instead.
     capabilities = Capabilities(spot=True, multi_node=True, network_emulation=False,
@@ -194,10 +201,11 @@ class SkyPilotProvider:
 
     def _cancel(self, request_id: Any) -> None:
         """Ask the API server to cancel a request (not waiting for it to be done); a request
-        that already finished stays as it ended."""
+        that already finished stays as it ended. Asking gets at least CANCEL_MIN_TIMEOUT_S
+        even where the call being cleaned up after had a shorter limit."""
         try:
-            self._call(f"cancel request {request_id}",
-                       lambda: self.sdk.api_cancel(request_id, silent=True))
+            _bounded(lambda: self.sdk.api_cancel(request_id, silent=True),
+                     max(self.timeout_s, self.CANCEL_MIN_TIMEOUT_S), f"cancel request {request_id}")
         except ProviderError:
             pass  # best effort: the server may be the thing that is not answering
 
@@ -219,12 +227,22 @@ class SkyPilotProvider:
 
     # -- launch -----------------------------------------------------------------------------
     def _secrets(self, spec: ReplicaSpec) -> list[tuple[str, str]]:
-        key = self.environ.get(spec.api_key_env)
+        """The replica's own engine key (else the fleet's, from api_key_env) as VLLM_API_KEY,
+        and with mTLS its certificate, key and the CA as PEM text."""
+        key = spec.engine_key or self.environ.get(spec.api_key_env)
         if not key:
             raise ProviderError("credentials", f"environment variable {spec.api_key_env} (the "
                                                "engine API key) is not set on the control plane")
-        return [(spec.api_key_env, key)] + [(name, self.environ.get(name, ""))
-                                            for name in OPTIONAL_SECRETS]
+        secrets = [(ENGINE_KEY_SECRET, key)]
+        if spec.tls_dir:
+            directory = Path(spec.tls_dir)
+            try:
+                secrets += [(name, (directory / file).read_text()) for name, file in
+                            zip(TLS_SECRETS, ("cert.pem", "key.pem", "ca.pem"), strict=True)]
+            except OSError as exc:
+                raise ProviderError("credentials", f"the replica's TLS files in {directory} "
+                                                   f"cannot be read: {exc}") from exc
+        return secrets + [(name, self.environ.get(name, "")) for name in OPTIONAL_SECRETS]
 
     def launch(self, spec: ReplicaSpec) -> ProviderHandle:
         """Submit `sky.launch` and return at once with its request id; poll() follows it."""
@@ -279,7 +297,7 @@ class SkyPilotProvider:
             record = self._cluster(cluster)
         except ProviderError as exc:
             return ProviderStatus("unknown", str(exc))
-        launching = request in ("PENDING", "WAITING", "RUNNING")
+        launching = request in LAUNCH_ACTIVE
         if record is None:
             if launching:
                 return ProviderStatus("provisioning", f"sky.launch {request.lower()}")
@@ -365,18 +383,13 @@ class SkyPilotProvider:
 
     # -- terminate --------------------------------------------------------------------------
     def terminate(self, handle: ProviderHandle) -> None:
-        """Cancel a launch still in flight, then `sky.down`; a cluster already gone is fine."""
+        """End a launch still in flight, then `sky.down`; a cluster already gone is fine."""
         cluster = handle.data.get("cluster", "")
         if not cluster:
             return
         request_id = handle.data.get("launch_request")
         if request_id:
-            try:
-                if self._request_status(request_id) in ("PENDING", "WAITING", "RUNNING"):
-                    self._request("cancel launch",
-                                  lambda: self.sdk.api_cancel(request_id, silent=True))
-            except ProviderError:
-                pass  # down below is what releases the machines
+            self._end_launch(request_id)
         try:
             # SkyPilot raises ClusterDoesNotExist (a ValueError) for a cluster it does not know.
             self._call_retrying(lambda: self._request(f"down {cluster}",
@@ -389,6 +402,38 @@ class SkyPilotProvider:
             if "does not exist" in exc.message.lower():
                 return
             raise
+
+    def _end_launch(self, request_id: str) -> None:
+        """Cancel a launch request still in flight and wait, up to `timeout_s`, until the API
+        server says it has ended.
+
+        SkyPilot's `api_cancel` is itself a request, queued behind whatever the server's
+        short-request workers are doing, so its being accepted proves nothing. A `down` sent
+        while the launch still runs finds no cluster (done, it seems), and the launch would
+        then bring the cluster up with nobody left to take it down. So a launch that has not
+        ended in time is a "timeout" error (terminate is tried again), never a silent done.
+        A status that cannot be read is left to `down`, which fails the same way if the server
+        does not answer.
+        """
+        try:
+            status = self._request_status(request_id)
+        except ProviderError:
+            return
+        if status not in LAUNCH_ACTIVE:
+            return
+        self._cancel(request_id)
+        deadline = time.monotonic() + self.timeout_s
+        while status in LAUNCH_ACTIVE and time.monotonic() < deadline:
+            time.sleep(min(self.CANCEL_POLL_S, max(0.0, deadline - time.monotonic())))
+            try:
+                status = self._request_status(request_id)
+            except ProviderError:
+                continue
+        if status in LAUNCH_ACTIVE:
+            raise ProviderError("timeout", f"launch request {request_id} is still "
+                                           f"{status.lower()} on the API server {self.timeout_s:g} s "
+                                           "after it was cancelled; its cluster is taken down "
+                                           "once it has ended (terminate again)")
 
     # -- offers -----------------------------------------------------------------------------
     def observe_offers(self) -> list[OfferObservation]:

@@ -1,23 +1,38 @@
-"""A SkyPilot admin policy for tests against the real API server: it holds up a launch whose
-task sets MERIDIAN_TEST_STALL_S (in the server's `/validate`, which `sky.launch` waits on,
-and again while the server runs the launch request), so a test can make the launch overrun
-a time limit and see what is left behind. MERIDIAN_TEST_LAUNCH_STALL_S, where set, is the
-hold while the launch runs instead (so a test can hold the run long without holding up
-`/validate`). Tasks without either variable pass unchanged.
+"""A SkyPilot admin policy for tests against the real API server.
 
-Registered in the throwaway SkyPilot config of tests/provisioning/test_skypilot_server.py as
+- A task that sets MERIDIAN_TEST_STALL_S is held that long in the server's `/validate`, which
+  `sky.launch` waits on before the server hands out a request id: a launch that must overrun
+  a client's time limit (the hold is longer than the limit).
+- A task that sets MERIDIAN_TEST_HOLD_LAUNCH is held, once the server runs its launch request,
+  until that request is cancelled (SkyPilot's cancel interrupts the worker) or the test's
+  server releases every hold (the file named by MERIDIAN_TEST_RELEASE_FILE in the server's
+  environment appears, which ApiServer.stop does first). No clock decides how such a launch
+  ends: a cancel that the server runs late still finds it running.
+
+Tasks with neither variable pass unchanged. Registered in the throwaway SkyPilot config of
+tests/provisioning/test_skypilot_server.py as
 `admin_policy: tests.provisioning.skypilot_stall_policy.StallPolicy`.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import sky
 
 STALL_ENV = "MERIDIAN_TEST_STALL_S"
-LAUNCH_STALL_ENV = "MERIDIAN_TEST_LAUNCH_STALL_S"
-STALLED_REQUESTS = ("validate", "launch")
+HOLD_ENV = "MERIDIAN_TEST_HOLD_LAUNCH"
+RELEASE_ENV = "MERIDIAN_TEST_RELEASE_FILE"
+HOLD_BACKSTOP_S = 600.0  # a hold nobody ends still ends, long after any test gave up
+
+
+def hold_until_released() -> None:
+    release = Path(os.environ.get(RELEASE_ENV, "/nonexistent/release"))
+    deadline = time.monotonic() + HOLD_BACKSTOP_S
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 class StallPolicy(sky.AdminPolicy):
@@ -25,10 +40,10 @@ class StallPolicy(sky.AdminPolicy):
     def validate_and_mutate(cls, user_request: sky.UserRequest) -> sky.MutatedUserRequest:
         envs = user_request.task.envs or {}
         name = getattr(user_request.request_name, "value", user_request.request_name)
-        stall = envs.get(STALL_ENV)
-        if name == "launch" and LAUNCH_STALL_ENV in envs:
-            stall = envs[LAUNCH_STALL_ENV]
-        if stall and not user_request.at_client_side and name in STALLED_REQUESTS:
-            time.sleep(float(stall))
+        if not user_request.at_client_side:
+            if name == "validate" and envs.get(STALL_ENV):
+                time.sleep(float(envs[STALL_ENV]))
+            if name == "launch" and envs.get(HOLD_ENV):
+                hold_until_released()
         return sky.MutatedUserRequest(task=user_request.task,
                                       skypilot_config=user_request.skypilot_config)

@@ -90,14 +90,16 @@ def test_template_renders_and_validates(cloud, region, acc, gpus, nodes, tp, pp,
     assert res["accelerators"] == f"{acc}:{gpus}"
     assert res["use_spot"] is spot and res["ports"] == [8000] and res["disk_size"] == 256
     assert config["num_nodes"] == nodes and config["name"] == "mrd-r-12"
-    assert config["secrets"] == {"MERIDIAN_ENGINE_API_KEY": None, "HF_TOKEN": None}
+    # The key comes as VLLM_API_KEY, which vLLM reads itself: never on its command line.
+    assert config["secrets"] == {"VLLM_API_KEY": None, "HF_TOKEN": None}
     assert "pip install vllm==" + s.vllm_version in config["setup"]
     run = config["run"]
     assert ("vllm serve meta-llama/Llama-3.1-8B-Instruct" in run
             and "--served-model-name llama-3.1-8b" in run
             and f"--tensor-parallel-size {tp}" in run and f"--pipeline-parallel-size {pp}" in run
             and "--max-model-len 16384" in run and "--enable-prefix-caching" in run
-            and "--port 8000" in run and '--api-key "$MERIDIAN_ENGINE_API_KEY"' in run)
+            and "--port 8000" in run and "--api-key" not in run and "API_KEY" not in run
+            and "--ssl-" not in run)
     multi = ("SKYPILOT_NODE_RANK" in run, "SKYPILOT_NODE_IPS" in run,
              "--distributed-executor-backend ray" in run, "ray[default]" in config["setup"])
     assert multi == ((nodes > 1,) * 4)
@@ -252,6 +254,10 @@ class FakeSky:
         self.catalog_result: dict[str, list[Any]] | BaseException = {}
         self.catalog_stalls = False
         self.held: set[str] = set()  # request names that stay RUNNING until released
+        # As on the real server, a cancel may wait in the short-request queue: with this set,
+        # api_cancel is accepted at once and takes effect only at process_cancels().
+        self.cancels_queued = False
+        self.queued_cancels: list[str] = []
         self._changed = threading.Condition()
 
     def _request(self, name: str, value: Any = None, error: BaseException | None = None,
@@ -334,6 +340,9 @@ class FakeSky:
         with self._changed:
             for rid in rids:
                 self.calls.append(("cancel", rid))
+                if self.cancels_queued:
+                    self.queued_cancels.append(rid)
+                    continue
                 if rid in self.requests and self.requests[rid]["status"] in self.ACTIVE:
                     self.requests[rid]["status"] = "CANCELLED"
                     cancelled.append(rid)
@@ -349,6 +358,16 @@ class FakeSky:
         return self.catalog_result if kw["clouds"] == "aws" else {}
 
     # test helpers
+    def process_cancels(self) -> None:
+        """The queued cancels run: what is still pending or running ends cancelled."""
+        with self._changed:
+            for rid in self.queued_cancels:
+                if self.requests[rid]["status"] in self.ACTIVE:
+                    self.requests[rid]["status"] = "CANCELLED"
+            self.queued_cancels.clear()
+            self.calls.append(("cancels processed", None))
+            self._changed.notify_all()
+
     def finish_launch(self, rid: str, error: BaseException | None = None,
                       value: Any = None) -> None:
         with self._changed:
@@ -375,12 +394,36 @@ def provider(fake):  # type: ignore[no-untyped-def]
                             environ={"MERIDIAN_ENGINE_API_KEY": "sk-engine-secret"})
 
 
+def test_a_replica_with_mtls_gets_its_own_key_and_certificate_as_secrets(  # type: ignore[no-untyped-def]
+        fake, provider, tmp_path) -> None:
+    for name in ("cert.pem", "key.pem", "ca.pem"):
+        (tmp_path / name).write_text(f"-----PEM {name}-----")
+    secured = spec(engine_key="sk-engine-r-12-own", tls_dir=str(tmp_path))
+    text = render_replica_task(secured)
+    validate_replica_task(text)
+    config = yaml.safe_load(text)
+    assert set(config["secrets"]) == {"VLLM_API_KEY", "HF_TOKEN", "MERIDIAN_TLS_CERT",
+                                      "MERIDIAN_TLS_KEY", "MERIDIAN_TLS_CA"}
+    run = config["run"]
+    assert ("--ssl-cert-reqs 2" in run and "--ssl-keyfile .meridian-tls/key.pem" in run
+            and "umask 077" in run and "--enable-ssl-refresh" in run)
+    assert "PEM" not in text and "sk-engine" not in text  # values only as secrets
+    provider.launch(secured)
+    secrets = {k: v.get_secret_value() for k, v in fake.task.secrets.items()}
+    assert secrets["VLLM_API_KEY"] == "sk-engine-r-12-own"  # not the fleet's
+    assert secrets["MERIDIAN_TLS_KEY"] == "-----PEM key.pem-----"
+    (tmp_path / "key.pem").unlink()
+    with pytest.raises(ProviderError) as caught:
+        provider.launch(spec(replica_id="r-13", engine_key="k", tls_dir=str(tmp_path)))
+    assert caught.value.kind == "credentials" and "TLS files" in caught.value.message
+
+
 def test_launch_poll_endpoint_terminate(fake, provider) -> None:  # type: ignore[no-untyped-def]
     handle = provider.launch(spec(use_spot=True))
     assert handle.provider == "skypilot" and handle.id == "r-12"
     assert handle.data["cluster"] == "mrd-r-12" and handle.data["launch_request"] == "req-1"
     assert fake.calls[0] == ("launch", "mrd-r-12")
-    assert fake.task.secrets["MERIDIAN_ENGINE_API_KEY"].get_secret_value() == "sk-engine-secret"
+    assert fake.task.secrets["VLLM_API_KEY"].get_secret_value() == "sk-engine-secret"
     assert "sk-engine-secret" not in render_replica_task(spec())
     assert provider.poll(handle).state == "provisioning"
     fake.cluster_up("mrd-r-12", status="INIT")
@@ -406,6 +449,45 @@ def test_terminate_cancels_a_launch_in_flight(fake, provider) -> None:  # type: 
     provider.terminate(handle)
     assert ("cancel", "req-1") in fake.calls and ("down", "mrd-r-12") in fake.calls
     assert provider.poll(handle).state == "terminated"
+
+
+def test_terminate_waits_until_a_queued_cancel_has_ended_the_launch(fake, provider) -> None:  # type: ignore[no-untyped-def]
+    """The real server queues a cancel behind its other short requests: terminate takes the
+    cluster down only once the launch shows it has ended, never while it could still bring
+    the cluster up."""
+    fake.cancels_queued = True
+    handle = provider.launch(spec())
+
+    def server() -> None:  # runs the queued cancel once terminate has asked for it
+        wait_until(lambda: fake.queued_cancels, 30, "terminate's cancel of the launch")
+        fake.process_cancels()
+
+    worker = threading.Thread(target=server)
+    worker.start()
+    provider.terminate(handle)
+    worker.join()
+    calls = [name for name, _ in fake.calls]
+    assert calls.index("cancels processed") < calls.index("down")
+    assert fake.requests["req-1"]["status"] == "CANCELLED"
+    assert provider.poll(handle).state == "terminated"
+
+
+def test_terminate_does_not_take_down_while_the_launch_still_runs(fake) -> None:  # type: ignore[no-untyped-def]
+    """A cancel that never runs: the launch could still bring the cluster up, so terminate
+    fails as a timeout (to be tried again) and sends no down that would find nothing."""
+    fake.cancels_queued = True
+    provider = SkyPilotProvider(sdk=fake, timeout_s=0.3, retry_backoff_s=0.0,
+                                environ={"MERIDIAN_ENGINE_API_KEY": "k"})
+    handle = provider.launch(spec())
+    with pytest.raises(ProviderError) as caught:
+        provider.terminate(handle)
+    assert caught.value.kind == "timeout"
+    assert "launch request req-1 is still running" in caught.value.message
+    assert ("cancel", "req-1") in fake.calls
+    assert not [call for call in fake.calls if call[0] == "down"]
+    fake.process_cancels()  # the server gets to it at last: terminate now completes
+    provider.terminate(handle)
+    assert ("down", "mrd-r-12") in fake.calls
 
 
 def test_cluster_states_after_launch(fake, provider) -> None:  # type: ignore[no-untyped-def]

@@ -7,7 +7,13 @@ with no cloud credentials: what the provider makes of SkyPilot's own answers, no
   `down` raises ClusterDoesNotExist (the provider's terminate is done), `endpoints` fails;
 - a launch that overruns the provider's time limit is cancelled on the server
   (`sky.api_cancel`; `sky.api_status` then shows it CANCELLED), and terminate cancels a
-  launch still in flight.
+  launch still in flight and returns only once the server says it ended.
+
+The launches that must be cancelled are held by the admin policy until they are (never for a
+fixed time): SkyPilot runs a cancel as a request of its own, queued behind the server's other
+short requests, and on a loaded machine that queue has run it a minute late, after a timed
+hold had ended and the launch had failed on its own. When a test fails, the server's log and
+the request's own log are printed.
 
 The server runs under a throwaway HOME on a free port, with an environment that carries no
 cloud credentials, SkyPilot's catalog seeded for the few offers used (nothing is downloaded),
@@ -24,18 +30,19 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controlplane.lab.waiting import WaitTimeout, wait_until
 from controlplane.provisioning.base import ProviderError, ProviderHandle
 from controlplane.provisioning.skypilot import SkyPilotProvider
 from controlplane.provisioning.skypilot_task import cluster_name_for
 
-from .skypilot_stall_policy import LAUNCH_STALL_ENV, STALL_ENV
+from .skypilot_stall_policy import HOLD_ENV, RELEASE_ENV, STALL_ENV
 from .test_skypilot import spec
 
 pytestmark = pytest.mark.skypilot_server
@@ -84,13 +91,13 @@ def _processes_of(home: Path) -> list[int]:
 
 
 def _wait_gone(pids: list[int], within_s: float) -> list[int]:
-    deadline = time.monotonic() + within_s
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [pid for pid in alive if Path(f"/proc/{pid}").exists()
-                 and "Z" not in _state(pid)]
-    return alive
+    """The processes of `pids` still alive once they are all gone or `within_s` has passed."""
+    def alive() -> list[int]:
+        return [pid for pid in pids if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)]
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(lambda: not alive(), within_s, f"processes {pids} to exit", every_s=0.1)
+    return alive()
 
 
 def _state(pid: int) -> str:
@@ -129,7 +136,9 @@ class ApiServer:
         self.home = home
         self.port = _free_port()
         self.env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        self.release = home / "release-held-launches"
         self.env.update(HOME=str(home), SKYPILOT_DISABLE_USAGE_COLLECTION="1",
+                        **{RELEASE_ENV: str(self.release)},
                         SKYPILOT_API_SERVER_LOCAL_PORT=str(self.port),
                         AWS_EC2_METADATA_DISABLED="true",
                         PYTHONPATH=str(REPO_ROOT))  # the admin policy is imported from here
@@ -162,12 +171,34 @@ class ApiServer:
             done = self.sky("api", "start", timeout=120)
         except subprocess.TimeoutExpired:
             return "`sky api start` did not finish in 120 s"
+        if done.returncode != 0 and self.answers_late():
+            return None
         if done.returncode != 0:
             log = self.home / ".sky" / "api_server" / "server.log"
             tail = log.read_text()[-1500:] if log.exists() else ""
             return (f"`sky api start` exited {done.returncode}: "
                     f"{(done.stdout + done.stderr)[-1500:]}\n{tail}")
         return None
+
+    def health(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/health",
+                                        timeout=5) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def answers_late(self) -> bool:
+        """`sky api start` gives up after its own 60 s, while the server it started goes on
+        starting; on a loaded machine it answers later. Still starting: wait for it."""
+        if not _processes_of(self.home):
+            return False
+        try:
+            wait_until(lambda: self.health() or not _processes_of(self.home), 300,
+                       "the SkyPilot API server to answer /api/health", every_s=1.0)
+        except WaitTimeout:
+            return False
+        return self.health()
 
     def stop(self) -> None:
         """`sky api stop` (unless the SDK's api_stop already did), then whatever is left of
@@ -176,6 +207,7 @@ class ApiServer:
         if self.stopped:
             return
         self.stopped = True
+        self.release.touch()  # launches the admin policy still holds go on (and fail)
         if self.watchdog.stdin is not None:
             self.watchdog.stdin.close()  # it sweeps up too, once we are done here
         if _processes_of(self.home):
@@ -193,19 +225,39 @@ class ApiServer:
                 break
 
 
+def server_story(home: Path, request_id: str | None = None, chars: int = 6000) -> str:
+    """What the API server logged (the end of its log) and, given a request id, that
+    request's own log: the evidence to read when a request ends other than expected."""
+    parts = []
+    sky_dir = home / ".sky" / "api_server"
+    if request_id:
+        for log in sorted(sky_dir.glob(f"request_logs/{request_id}*")):
+            parts.append(f"--- request {request_id} ({log.name}):\n"
+                         f"{log.read_text(errors='replace')[-chars:]}")
+    log = sky_dir / "server.log"
+    if log.exists():
+        parts.append(f"--- {log}:\n{log.read_text(errors='replace')[-chars:]}")
+    return "\n".join(parts) or f"(no API server logs under {sky_dir})"
+
+
 @pytest.fixture(scope="module")
-def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+def api_server(tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[ApiServer]:
     """A SkyPilot API server for this module. Module-scoped, so it stops as soon as these
     tests end; the finalizer runs on failures and Ctrl-C too, and atexit is the backstop for
-    a pytest that exits without running finalizers."""
+    a pytest that exits without running finalizers. When a test of the module failed, the
+    end of the server's log is printed before the server (and its HOME) goes."""
     server = ApiServer(tmp_path_factory.mktemp("sky-server-home"))
     atexit.register(server.stop)
+    failed_before = request.session.testsfailed
     try:
         why_not = server.start()
         if why_not is not None:
             pytest.skip(f"no SkyPilot API server here ({why_not})")
         yield server
     finally:
+        if request.session.testsfailed > failed_before:
+            print(f"\nthe SkyPilot API server's log:\n{server_story(server.home)}")
         server.stop()
         atexit.unregister(server.stop)
         assert not _processes_of(server.home), "the SkyPilot API server outlived its tests"
@@ -238,17 +290,10 @@ def sky(api_server: ApiServer) -> Iterator[Any]:
         forget_server()
 
 
-def provider(timeout_s: float = 30.0) -> SkyPilotProvider:
+def provider(timeout_s: float = 120.0) -> SkyPilotProvider:
+    """The provider under test. Its limit is a backstop for a server that never answers: a
+    cold API server on a loaded machine has been seen to run a queued request a minute late."""
     return SkyPilotProvider(timeout_s=timeout_s, retry_backoff_s=0.1, environ=ENGINE_KEY)
-
-
-def until(what: Callable[[], Any], within_s: float, every_s: float = 0.3) -> Any:
-    deadline = time.monotonic() + within_s
-    while True:
-        value = what()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every_s)
 
 
 def launch_requests(sky: Any, cluster: str) -> list[Any]:
@@ -283,8 +328,9 @@ def test_a_launch_without_credentials_fails_as_credentials_in_skypilots_words(  
         request_id = replica.provider_handle["data"]["launch_request"]
         # A cold server on a busy machine may take many seconds to run its first launch;
         # wait on the request itself (a cheap read) rather than polling the cluster too.
-        (payload,) = until(lambda: [r for r in sky.api_status(request_ids=[request_id])
-                                    if r.status not in ("PENDING", "RUNNING")], 120.0, 0.5)
+        (payload,) = wait_until(lambda: [r for r in sky.api_status(request_ids=[request_id])
+                                         if r.status not in ("PENDING", "RUNNING")], 300.0,
+                                f"launch request {request_id} to end", every_s=0.5)
         assert payload.status == "FAILED"
         assert services.check(replica.pk) == S.FAILED
     finally:
@@ -323,34 +369,37 @@ def test_status_and_down_of_a_cluster_skypilot_does_not_know(sky) -> None:  # ty
 # -- time limits and cancellation ----------------------------------------------------------------
 
 def test_a_launch_that_overruns_its_time_limit_is_cancelled_on_the_server(sky) -> None:  # type: ignore[no-untyped-def]
-    """The policy holds the launch ~2 s in `/validate` (so `sky.launch` overruns the 0.5 s
-    limit before the server hands out a request id) and ~2 s more while it runs: the
-    provider cancels it as soon as the id arrives, and the server shows it cancelled."""
-    s = spec(replica_id="r-slow", cloud=CLOUD, region=REGION, env={STALL_ENV: "2"})
+    """The policy holds the launch 2 s in `/validate` (so `sky.launch` overruns the 0.5 s
+    limit before the server hands out a request id), then holds the launch itself until it is
+    cancelled: the provider cancels it as soon as the id arrives, and the server shows it
+    cancelled however late its queue runs the cancel."""
+    s = spec(replica_id="r-slow", cloud=CLOUD, region=REGION,
+             env={STALL_ENV: "2", HOLD_ENV: "1"})
     cluster = cluster_name_for(s.replica_id)
     with pytest.raises(ProviderError) as caught:  # the limit, not the 2 s stall, ends the call
         provider(timeout_s=0.5).launch(s)
     assert caught.value.kind == "timeout"
     assert "cancelled once the API server accepts it" in caught.value.message
-    requests = until(lambda: [r for r in launch_requests(sky, cluster)
-                              if r.status == "CANCELLED"], 30.0)
-    assert requests, [(r.request_id, r.status) for r in launch_requests(sky, cluster)]
+    requests = wait_until(lambda: [r for r in launch_requests(sky, cluster)
+                                   if r.status == "CANCELLED"], 300.0,
+                          f"the launch of {cluster} to show as cancelled", every_s=0.3)
     with pytest.raises(sky.exceptions.RequestCancelled):
         sky.get(requests[0].request_id)
 
 
-def test_terminate_cancels_a_launch_still_running_on_the_server(sky) -> None:  # type: ignore[no-untyped-def]
-    # The server holds the launch 60 s once it runs (it would then fail for want of
-    # credentials): far longer than terminate takes on a loaded machine, so the launch is
-    # still in flight when terminate comes, and cancelling it ends the hold.
-    s = spec(replica_id="r-cancelled", cloud=CLOUD, region=REGION,
-             env={STALL_ENV: "0", LAUNCH_STALL_ENV: "60"})
+def test_terminate_cancels_a_launch_still_running_on_the_server(sky, api_server) -> None:  # type: ignore[no-untyped-def]
+    """The server holds the launch until it is cancelled, so only terminate can end it;
+    terminate returns once the server says it has ended (a cancel waits in the server's
+    queue of short requests, a minute on a loaded machine), and only then takes it down."""
+    s = spec(replica_id="r-cancelled", cloud=CLOUD, region=REGION, env={HOLD_ENV: "1"})
     sky_provider = provider()
     handle = sky_provider.launch(s)
     request_id = handle.data["launch_request"]
     sky_provider.terminate(handle)
     (payload,) = sky.api_status(request_ids=[request_id])
-    assert payload.status == "CANCELLED"
+    assert payload.status == "CANCELLED", (
+        f"{payload.status}: {getattr(payload, 'status_msg', None)}\n"
+        f"{server_story(api_server.home, request_id)}")
     status = sky_provider.poll(handle)
     assert status.state == "terminated" and "cancelled" in status.message
     sky_provider.terminate(handle)  # again: the launch is over and there is no cluster
