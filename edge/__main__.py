@@ -21,6 +21,7 @@ from edge.admin_auth import read_secret
 from edge.keys import KeyFormatError, load_public_key_file
 from edge.logs import configure
 from edge.server import Edge, EdgeConfig
+from edge.upstream_tls import TlsFilesError, UpstreamTLS
 
 log = logging.getLogger("meridian.edge")
 
@@ -88,6 +89,15 @@ def parser() -> argparse.ArgumentParser:
                    help="prompt blocks (64 bytes each) remembered for prefix affinity")
     p.add_argument("--drain", type=float, default=10.0, metavar="SECONDS",
                    help="how long in-flight requests may finish on shutdown")
+    p.add_argument("--upstream-cert", type=Path,
+                   help="this edge's client certificate for replicas (PEM, from the control "
+                        "plane's engine CA; re-read when it changes)")
+    p.add_argument("--upstream-key", type=Path, help="its key (PEM)")
+    p.add_argument("--upstream-ca", type=Path,
+                   help="the engine CA's certificate, which replicas' certificates must chain to")
+    p.add_argument("--plain-upstream", action="store_true",
+                   help="TESTS ONLY: no mTLS to replicas (http:// replicas are plain); "
+                        "without it the three --upstream-* files are required")
     p.add_argument("--tls-cert", type=Path, help="serve the client API over HTTPS")
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--access-log", default="-", help="'-' (stdout), a file, or 'off'")
@@ -113,6 +123,7 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
                              "with `manage.py edge_admin_secret NAME`)")
     except (OSError, ValueError) as exc:
         raise SystemExit(f"edge: {exc}") from None
+    upstream_tls = upstream_tls_from(args)
     token = os.environ.get("MERIDIAN_EDGE_TOKEN")
     if args.control_plane_token_file:
         token = args.control_plane_token_file.read_text().strip()
@@ -127,7 +138,28 @@ def config_from(args: argparse.Namespace) -> EdgeConfig:
         max_queue=args.max_queue, connect_timeout_s=args.connect_timeout,
         dead_peer_timeout_s=args.dead_peer_timeout,
         upstream_timeout_s=args.upstream_timeout, prefix_index_blocks=args.prefix_index_blocks,
+        upstream_tls=upstream_tls,
     )
+
+
+def upstream_tls_from(args: argparse.Namespace) -> UpstreamTLS | None:
+    """mTLS to replicas from the three files, or none with --plain-upstream (tests only);
+    never a silent choice between them."""
+    files = (args.upstream_cert, args.upstream_key, args.upstream_ca)
+    if args.plain_upstream:
+        if any(files):
+            raise SystemExit("edge: --plain-upstream and --upstream-* exclude each other")
+        log.warning("--plain-upstream: replicas are reached without mTLS (tests only)")
+        return None
+    if not all(files):
+        raise SystemExit("edge: replicas are reached over mTLS: pass --upstream-cert, "
+                         "--upstream-key and --upstream-ca (`manage.py issue_certificate "
+                         "--subject edge:NAME --out DIR` writes them), or --plain-upstream "
+                         "in tests")
+    try:
+        return UpstreamTLS(args.upstream_cert, args.upstream_key, args.upstream_ca)
+    except TlsFilesError as exc:
+        raise SystemExit(f"edge: {exc}") from None
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -178,6 +178,10 @@ class EdgeMetrics:
         self.admin_refusals = r.add(Counter(
             "meridian_edge_admin_refusals_total", "Admin API requests refused for their "
             "authentication, by reason (a fixed set of codes).", ("reason",)))
+        self.upstream_tls_failures = r.add(Counter(
+            "meridian_edge_upstream_tls_failures_total", "Upstream connections refused for "
+            "mTLS, by reason (plain_http, expired, revoked, replica_revoked, handshake).",
+            ("reason",)))
         self.ejections = r.add(Counter(
             "meridian_edge_ejections_total", "Passive ejections of replicas.", ("replica",)))
         self.retries = r.add(Counter(

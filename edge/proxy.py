@@ -324,8 +324,9 @@ class Exchange(Listener):
         head, body = self.head, self.body
         if replica.cache_isolated:
             head, body = self.salted()
-        conn.begin(self, b"".join((b"POST ", origin.base_path, head, b"host: ",
-                                   origin.host_header, b"\r\n\r\n", body)))
+        conn.begin(self, b"".join((b"POST ", origin.base_path, head,
+                                   replica.engine_authorization or ENGINE_AUTHORIZATION,
+                                   b"host: ", origin.host_header, b"\r\n\r\n", body)))
         self.sent_at = time.perf_counter()
 
     def salted(self) -> tuple[bytes, bytes]:
@@ -927,11 +928,10 @@ class ClientApi:
 
     def upstream_head(self, request: Request, exchange: Exchange, length: int) -> bytes:
         """The request head after `POST <base path>` (the base path and host are per
-        replica). The client's key stays here; engines started with `--api-key` get the
-        fleet's engine key instead."""
+        replica). The client's key stays here; the replica's own engine key (the table's
+        `engine_key`, else the fleet's MERIDIAN_ENGINE_API_KEY) is added per replica."""
         parts = [exchange.upstream_path, b" HTTP/1.1\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\nx-request-id: " % length, exchange.request_id, b"\r\n",
-                 ENGINE_AUTHORIZATION]
+                 b"content-length: %d\r\nx-request-id: " % length, exchange.request_id, b"\r\n"]
         headers = request.headers
         for name in FORWARDED_HEADERS:
             value = headers.get(name)

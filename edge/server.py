@@ -47,11 +47,13 @@ from edge.table import (
     SignatureError,
     TableError,
     load_last_known_good,
+    parse_origin,
     parse_table,
     save_last_known_good,
     verified_document,
 )
 from edge.upstream import UpstreamPool
+from edge.upstream_tls import UpstreamTLS
 
 log = logging.getLogger("meridian.edge")
 
@@ -86,6 +88,9 @@ class EdgeConfig:
     # average this many bytes a second, or it is answered 408 and its connection ends.
     upload_min_bytes_per_s: int = 64 * 1024
     prefix_index_blocks: int = 100_000
+    # mTLS to replicas (edge.upstream_tls); None, for tests and a lab without a CA only:
+    # http:// replicas are plain. `python -m edge` needs it unless --plain-upstream.
+    upstream_tls: UpstreamTLS | None = None
 
 
 @dataclass
@@ -138,7 +143,11 @@ class Edge:
         self.candidate_sets_version = -1
         self.queue = CapacityQueue(config.max_queue)
         self.pool = UpstreamPool(config.connect_timeout_s, config.upstream_timeout_s,
-                                 dead_peer_s=config.dead_peer_timeout_s)
+                                 dead_peer_s=config.dead_peer_timeout_s,
+                                 tls=config.upstream_tls,
+                                 tls_failures=self.metrics.upstream_tls_failures)
+        if config.control_plane:
+            self.pool.exempt = frozenset({parse_origin(config.control_plane).key})
         self.first_byte = FirstByteWatch(self.pool)
         self.access_log = AccessLog()
         self.client_api = ClientApi(self)
@@ -221,7 +230,7 @@ class Edge:
         """Remember the revoked keys a verified table names; stop serving them at once."""
         if not isinstance(hashes, list):
             return
-        if self.revocations.add(h for h in hashes if isinstance(h, str)):
+        if self.revocations.add([h for h in hashes if isinstance(h, str)]):
             table = self.table
             if table is not None:
                 self.table = self.revocations.apply(table)
@@ -269,6 +278,7 @@ class Edge:
             del self.stats[replica_id]
         origins = {r.origin.key for r in replicas}
         self.pool.close_origins(lambda key: key in origins)
+        self.pool.revoked = table.revoked_certificates
         self.metrics.table_version.set((), table.version)
         self.queue.notify_all()
 

@@ -39,6 +39,12 @@ Beyond the design's shape the edge reads these optional fields (defaults in brac
 - top-level `issued_at`: ISO 8601 with a UTC offset; a table without it counts as stale.
 - top-level `revoked_keys`: sha256 hashes of keys revoked lately; the edge refuses them for
   good, whatever table it serves afterwards (`edge.revocations`) [[]].
+- top-level `revoked_certificates`: serials (lower-case hex) of engine-CA certificates
+  revoked and not yet expired; the edge neither presents nor accepts them
+  (`edge.upstream_tls`) [[]].
+- replica: `engine_key` (the replica's own engine API key, sent as its bearer token) [none],
+  `tls_name` (the name its server certificate carries, checked instead of the URL's host)
+  [the host].
 - top-level `aliases`: `{"auto": {"rules": [{"max_prompt_tokens": 1000, "model": "small"}],
   "default": "large"}}`, or a plain `{"gpt-4o": "large"}`. Rules are tried in order; a rule
   may hold `max_prompt_tokens`, `min_prompt_tokens` and `tier`, and matches when all hold.
@@ -157,9 +163,11 @@ class Origin:
     # (scheme, host, port): what the pool files idle connections under, made once here
     # rather than as a new tuple on every take and release.
     key: tuple[str, str, int]
+    # The name the replica's certificate must carry (the table's `tls_name`), else the host.
+    server_name: str = ""
 
 
-def parse_origin(url: str, where: str = "url") -> Origin:
+def parse_origin(url: str, where: str = "url", server_name: str | None = None) -> Origin:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TableError(f"expected an http(s) URL, got {url!r}", where)
@@ -171,7 +179,8 @@ def parse_origin(url: str, where: str = "url") -> Origin:
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     host_header = host if port == default else f"{host}:{port}"
     return Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/").encode(),
-                  host_header.encode(), (parts.scheme, parts.hostname, port))
+                  host_header.encode(), (parts.scheme, parts.hostname, port),
+                  server_name or parts.hostname)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +200,8 @@ class Replica:
     tenant: str | None = None
     revision: str | None = None
     shared_prefix_cache: bool = False
+    # `authorization: Bearer <engine_key>\r\n`, made once here; b"" without a key.
+    engine_authorization: bytes = b""
 
     @property
     def cache_isolated(self) -> bool:
@@ -300,6 +311,7 @@ class RoutingTable:
     # `issued_at` as seconds since the epoch (0: the table did not say, so it is stale).
     issued_at_s: float = 0.0
     revoked_keys: frozenset[str] = frozenset()
+    revoked_certificates: frozenset[str] = frozenset()
 
     @property
     def expires_at(self) -> float:
@@ -367,7 +379,7 @@ def _replica(model: str, i: int, entry: Any) -> Replica:
         id=_get(entry, "id", "str", where),
         model=model,
         url=url,
-        origin=parse_origin(url, f"{where}.url"),
+        origin=parse_origin(url, f"{where}.url", _get(entry, "tls_name", "str", where, None)),
         region=_get(entry, "region", "str", where),
         jurisdiction=_get(entry, "jurisdiction", "str", where),
         weight=weight,
@@ -378,6 +390,7 @@ def _replica(model: str, i: int, entry: Any) -> Replica:
         tier=tier,
         tenant=_get(entry, "tenant", "str", where, None),
         revision=_get(entry, "revision", "str", where, None),
+        engine_authorization=_engine_authorization(entry, where),
         shared_prefix_cache=_flag(entry, "shared_prefix_cache", where, False),
     )
 
@@ -547,6 +560,28 @@ def parse_revoked_keys(value: Any) -> frozenset[str]:
     return frozenset(value)
 
 
+def parse_revoked_certificates(value: Any) -> frozenset[str]:
+    """`revoked_certificates`: certificate serials, lower-case hex."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(
+            isinstance(v, str) and 0 < len(v) <= 40
+            and all(c in "0123456789abcdef" for c in v) for v in value):
+        raise TableError("revoked_certificates must be a list of certificate serials "
+                         "(lower-case hex)", "revoked_certificates")
+    return frozenset(value)
+
+
+def _engine_authorization(entry: Mapping[str, Any], where: str) -> bytes:
+    key = _get(entry, "engine_key", "str", where, "")
+    if not key:
+        return b""
+    if not all(33 <= ord(c) < 127 for c in key) or len(key) > 256:
+        raise TableError(f"{where}.engine_key must be 1-256 printable ASCII characters, no "
+                         "spaces", f"{where}.engine_key")
+    return b"authorization: Bearer %s\r\n" % key.encode()
+
+
 def _alias(name: str, entry: Any) -> Alias:
     where = f"aliases.{name}"
     if isinstance(entry, str):
@@ -656,6 +691,7 @@ def parse_table(document: Mapping[str, Any]) -> RoutingTable:
         batch_pools=batch_pools,
         issued_at_s=parse_issued_at(document.get("issued_at")),
         revoked_keys=parse_revoked_keys(document.get("revoked_keys")),
+        revoked_certificates=parse_revoked_certificates(document.get("revoked_certificates")),
     )
 
 
@@ -725,4 +761,5 @@ def with_tenants(table: RoutingTable, tenants: Mapping[str, TenantRules]) -> Rou
         policy=table.policy, aliases=table.aliases, document=table.document,
         revisions=table.revisions, batch_pools=table.batch_pools,
         issued_at_s=table.issued_at_s, revoked_keys=table.revoked_keys,
+        revoked_certificates=table.revoked_certificates,
     )

@@ -23,7 +23,9 @@ from typing import Protocol
 import httptools
 
 from edge.batch import WriteBatch
+from edge.metrics import Counter
 from edge.table import Origin
+from edge.upstream_tls import UpstreamTLS, peer_serial
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
@@ -218,6 +220,11 @@ class UpstreamConnection(asyncio.Protocol):
             listener.on_upstream_data(body, True)
             return
         reason = f"{type(exc).__name__}: {exc}" if exc else "connection closed"
+        if isinstance(exc, ssl.SSLError) and self.pool.tls is not None:
+            # TLS 1.3: an engine refusing the edge's certificate says so after the
+            # handshake, on the first read.
+            self.pool._refuse("handshake", f"TLS with {self.origin.host_header.decode()} "
+                              f"failed: {exc}")
         self._fail(UpstreamError(f"{self.origin.host_header.decode()} went away: {reason}",
                                  received_any=self.received_any, reused=self.exchanges > 1,
                                  timeout=isinstance(exc, TimeoutError)))
@@ -291,8 +298,19 @@ class UpstreamPool:
 
     def __init__(self, connect_timeout_s: float = 3.0, read_timeout_s: float = 600.0,
                  max_idle_per_origin: int = 256, idle_ttl_s: float = 30.0,
-                 dead_peer_s: float = 5.0) -> None:
+                 dead_peer_s: float = 5.0, tls: UpstreamTLS | None = None,
+                 tls_failures: Counter | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
+        # mTLS to replicas (edge.upstream_tls): every origin must be https and the edge's
+        # client certificate must be usable; None (tests and a lab without a CA only):
+        # http:// origins are plain and https:// ones verified against the system's store.
+        self.tls = tls
+        self.tls_failures = tls_failures
+        # Serials of revoked certificates, from the routing table.
+        self.revoked: frozenset[str] = frozenset()
+        # Origins that are not replicas (the control plane the edge pulls from and forwards
+        # batches to): the mTLS rule is for engines; these keep their own scheme.
+        self.exempt: frozenset[tuple[str, str, int]] = frozenset()
         self.dead_peer_s = dead_peer_s
         self.read_timeout_s = read_timeout_s
         self.max_idle_per_origin = max_idle_per_origin
@@ -318,26 +336,69 @@ class UpstreamPool:
             conn.close()
         return None
 
-    async def connect(self, origin: Origin) -> UpstreamConnection:
-        ssl_context: ssl.SSLContext | None = None
+    def _refuse(self, reason: str, message: str) -> UpstreamError:
+        """A TLS refusal: counted, logged (edge.upstream_tls), never a plain-HTTP retry."""
+        if self.tls_failures is not None:
+            self.tls_failures.inc((reason,))
+        if self.tls is not None:
+            self.tls.note(reason, message)
+        return UpstreamError(message)
+
+    def _ssl_for(self, origin: Origin) -> ssl.SSLContext | None:
+        tls = self.tls
+        if tls is not None and origin.key not in self.exempt:
+            if origin.scheme != "https":
+                raise self._refuse("plain_http", f"refusing plain HTTP to "
+                                   f"{origin.host_header.decode()}: this edge speaks only "
+                                   "mTLS to replicas")
+            problem = tls.own_problem(self.revoked)
+            if problem is not None:
+                raise self._refuse(problem[0], problem[1])
+            return tls.context()
         if origin.scheme == "https":
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
-            ssl_context = self._ssl
+            return self._ssl
+        return None
+
+    async def connect(self, origin: Origin) -> UpstreamConnection:
+        ssl_context = self._ssl_for(origin)
         loop = asyncio.get_running_loop()
         try:
-            _, protocol = await asyncio.wait_for(
+            transport, protocol = await asyncio.wait_for(
                 loop.create_connection(
                     lambda: UpstreamConnection(self, origin), origin.host, origin.port,
-                    ssl=ssl_context, server_hostname=origin.host if ssl_context else None,
+                    ssl=ssl_context,
+                    server_hostname=origin.server_name if ssl_context else None,
                 ),
                 self.connect_timeout_s,
             )
-        except (OSError, ssl.SSLError) as exc:
+        except ssl.SSLError as tls_error:
+            # SSLCertVerificationError is an OSError too: caught here first.
+            if self.tls is None or origin.key in self.exempt:
+                raise UpstreamError(f"cannot connect to {origin.host_header.decode()}: "
+                                    f"{tls_error}") from None
+            raise self._refuse("handshake", f"TLS handshake with "
+                               f"{origin.host_header.decode()} failed: {tls_error}") from None
+        except OSError as exc:
+            if (ssl_context is not None and self.tls is not None
+                    and not isinstance(exc, (TimeoutError, ConnectionRefusedError))):
+                # The TCP connection was made; the replica dropped it in the handshake,
+                # which is how an engine refuses a client certificate it does not trust.
+                raise self._refuse("handshake", f"TLS handshake with "
+                                   f"{origin.host_header.decode()} failed: the replica closed "
+                                   f"the connection ({type(exc).__name__} {exc}); does it "
+                                   "trust this edge's certificate?") from None
             # TimeoutError is an OSError too.
             kind = "timed out" if isinstance(exc, TimeoutError) else str(exc)
             raise UpstreamError(f"cannot connect to {origin.host_header.decode()}: {kind}",
                                 timeout=isinstance(exc, TimeoutError)) from None
+        if self.tls is not None and self.revoked and origin.key not in self.exempt:
+            serial = peer_serial(transport.get_extra_info("ssl_object"))
+            if serial in self.revoked:
+                protocol.abort()
+                raise self._refuse("replica_revoked", f"{origin.host_header.decode()} "
+                                   f"presented a revoked certificate (serial {serial})")
         return protocol
 
     def release(self, conn: UpstreamConnection) -> None:

@@ -7,7 +7,9 @@ the profile's value (see enginesim.profiles).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import ssl
 import sys
 from pathlib import Path
 
@@ -44,7 +46,59 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="start with a fault injected (change it with POST /sim/faults)")
     parser.add_argument("--fault-status", type=int, default=503)
     parser.add_argument("--fault-factor", type=float, default=1.0)
+    # vLLM's TLS flags, with its meanings (uvicorn's): a key and certificate make it HTTPS;
+    # --ssl-ca-certs is the CA client certificates must chain to; --ssl-cert-reqs is the
+    # ssl module's CERT_NONE (0), CERT_OPTIONAL (1) or CERT_REQUIRED (2).
+    parser.add_argument("--ssl-keyfile")
+    parser.add_argument("--ssl-certfile")
+    parser.add_argument("--ssl-ca-certs")
+    parser.add_argument("--ssl-cert-reqs", type=int, default=int(ssl.CERT_NONE))
+    parser.add_argument("--enable-ssl-refresh", action="store_true",
+                        help="reload the certificate files when they change")
     return parser.parse_args(argv)
+
+
+TLS_REFRESH = web.AppKey("tls_refresh", asyncio.Task)
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The server context vLLM (uvicorn) builds from the same flags; ValueError naming the
+    flag at fault."""
+    if not args.ssl_keyfile and not args.ssl_certfile:
+        if args.ssl_ca_certs or args.ssl_cert_reqs:
+            raise ValueError("--ssl-ca-certs/--ssl-cert-reqs need --ssl-keyfile and "
+                             "--ssl-certfile")
+        return None
+    if not args.ssl_keyfile or not args.ssl_certfile:
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together")
+    if args.ssl_cert_reqs not in (0, 1, 2):
+        raise ValueError(f"--ssl-cert-reqs must be 0, 1 or 2, not {args.ssl_cert_reqs}")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+        context.verify_mode = ssl.VerifyMode(args.ssl_cert_reqs)
+        if args.ssl_ca_certs:
+            context.load_verify_locations(args.ssl_ca_certs)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--ssl-certfile/--ssl-keyfile/--ssl-ca-certs: {exc}") from None
+    return context
+
+
+async def refresh_tls(context: ssl.SSLContext, args: argparse.Namespace) -> None:
+    """--enable-ssl-refresh: new handshakes get the new pair once the files change."""
+    def stamp() -> tuple[float, ...]:
+        return tuple(os.stat(f).st_mtime for f in (args.ssl_certfile, args.ssl_keyfile)
+                     if f)
+    seen = stamp()
+    while True:
+        await asyncio.sleep(1.0)
+        try:
+            now = stamp()
+            if now != seen:
+                context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+                seen = now
+        except (OSError, ssl.SSLError) as exc:
+            print(f"enginesim: keeping the previous certificate: {exc}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,6 +130,14 @@ def main(argv: list[str] | None = None) -> None:
                         enable_scale_out=args.enable_scale_out)
     except ValueError as exc:
         parser_error(str(exc))
+    try:
+        tls = tls_context(args)
+    except ValueError as exc:
+        parser_error(str(exc))
+    if tls is not None and args.enable_ssl_refresh:
+        async def start_refresh(app: web.Application) -> None:
+            app[TLS_REFRESH] = asyncio.get_running_loop().create_task(refresh_tls(tls, args))
+        app.on_startup.append(start_refresh)
     import gc
 
     import uvloop
@@ -84,9 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     # moving it out of the collector's reach keeps full collections short under load.
     gc.freeze()
     print(f"enginesim: serving {(args.served_model_name or [args.model])[0]} on "
-          f"http://{args.host}:{args.port} (profile {profile.name})", file=sys.stderr,
-          flush=True)
+          f"{'https' if tls else 'http'}://{args.host}:{args.port} (profile {profile.name})",
+          file=sys.stderr, flush=True)
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None,
+                ssl_context=tls,
                 handler_cancellation=True, loop=uvloop.new_event_loop())
 
 
