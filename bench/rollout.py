@@ -44,6 +44,7 @@ import json
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -207,13 +208,33 @@ def steps_of(rollout: dict[str, Any]) -> list[tuple[int, str, str]]:
             for s in rollout["step_rows"]]
 
 
+def start_rollout(lab: Lab, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """POST the rollout, once the deployment takes one: the API answers 409 while the last
+    promotion still retires the old revision's replicas (make-before-break)."""
+    started = time.monotonic()
+
+    def created() -> dict[str, Any] | None:
+        try:
+            return dict(api("POST", f"{lab.base}/api/v1/rollouts/", lab.token, body))
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise
+            return None
+
+    rollout = wait_until(created, timeout_s, f"the deployment {DEPLOYMENT} to take a new "
+                         "rollout (409 while the last promotion retires replicas)", every_s=1.0)
+    if time.monotonic() - started > 1.0:
+        log(f"  the deployment took the rollout after {time.monotonic() - started:.0f} s "
+            "(the last promotion was still retiring the old revision's replicas)")
+    return rollout
+
+
 async def run_phase(lab: Lab, *, vllm_version: str, steps: list[int], bake_s: int,
                     concurrency: int, fault: dict[str, Any] | None, timeout_s: float) -> Phase:
     body = {"deployment": DEPLOYMENT, "steps": steps, "bake_s": bake_s,
             "vllm_version": vllm_version, "reason": "bench/rollout.py",
             "thresholds": {"min_requests": 10, "max_extensions": 10}}
-    rollout = await asyncio.to_thread(api, "POST", f"{lab.base}/api/v1/rollouts/", lab.token,
-                                      body)
+    rollout = await asyncio.to_thread(start_rollout, lab, body, 180.0)
     rid, canary = rollout["id"], rollout["to_revision"]["id"]
     log(f"rollout {rid}: revision {rollout['from_revision']['number']} → "
         f"{rollout['to_revision']['number']} ({vllm_version}); waiting for its canary replica")
