@@ -46,10 +46,17 @@ def refusal(principal: Principal, needed: str) -> str | None:
     return None
 
 
+# Pages for platform staff alone, reads included: they show every tenant's deployments.
+PLATFORM_PAGES = frozenset({"plans", "failover"})
+PLATFORM_ONLY = ("Only platform staff (users with no tenant) may see this: it names every "
+                 "tenant's deployments.")
+
+
 def dashboard_view(
-    role: str = Role.VIEWER, methods: tuple[str, ...] = ("GET",)
+    role: str = Role.VIEWER, methods: tuple[str, ...] = ("GET",), platform_only: bool = False,
 ) -> Callable[[View], View]:
-    """Signed-in users with at least `role` only; other methods are refused with 405."""
+    """Signed-in users with at least `role` only (platform staff alone with
+    `platform_only`); other methods are refused with 405."""
 
     def decorate(view: View) -> View:
         @wraps(view)
@@ -58,7 +65,10 @@ def dashboard_view(
                 return redirect_to_login(request.get_full_path())
             if request.method not in methods:
                 return HttpResponseNotAllowed(methods)
-            reason = refusal(principal_of(request), role)
+            principal = principal_of(request)
+            reason = refusal(principal, role)
+            if reason is None and platform_only and not principal.is_platform:
+                reason = PLATFORM_ONLY
             if reason:
                 return forbidden(request, reason)
             return view(request, *args, **kwargs)

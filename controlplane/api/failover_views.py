@@ -53,9 +53,12 @@ class RegionHealthSerializer(serializers.ModelSerializer):
 
 class IncidentViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                       viewsets.GenericViewSet):
-    """Failures and drills, newest first. Every role reads them; platform operators drill."""
+    """Failures and drills, newest first, for platform staff alone (an incident names the
+    replicas of every tenant in a region): every platform role reads them; platform
+    operators drill. Tenant users get 403."""
 
     write_role = Role.OPERATOR
+    platform_only = True
     platform_only_writes = True
     queryset = Incident.objects.select_related("region__cloud")
     serializer_class = IncidentSerializer

@@ -76,9 +76,12 @@ class ReviewRequest(serializers.Serializer):
 
 class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                   viewsets.GenericViewSet):
-    """Plans are platform-wide: every role reads them; operators propose and review."""
+    """Plans are platform-wide, for platform staff alone (they name every tenant's
+    deployments, regions and costs): every platform role reads them; operators propose and
+    review. Tenant users get 403."""
 
     write_role = Role.OPERATOR
+    platform_only = True
     platform_only_writes = True
     queryset = Plan.objects.prefetch_related(
         Prefetch("changes", PlanChange.objects.select_related(

@@ -8,10 +8,17 @@ from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 
 from controlplane.api.fields import RegionKeyField, refuse_numeric_name
 from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
-from controlplane.core.services import issue_api_key, principal_for
+from controlplane.core.redaction import operation_summary, redact_addresses
+from controlplane.core.services import (
+    RevocationFinal,
+    issue_api_key,
+    principal_for,
+    set_key_revoked,
+)
 from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
 from controlplane.placement import admission
@@ -126,7 +133,8 @@ class TenantSerializer(serializers.ModelSerializer):
         model = Tenant
         fields = [
             "id", "name", "display_name", "allowed_jurisdictions", "allowed_regions",
-            "rpm_limit", "tpm_limit", "monthly_budget_usd", "resume_streams", "created_at",
+            "rpm_limit", "tpm_limit", "monthly_budget_usd", "resume_streams", "max_replicas",
+            "max_gpus", "created_at",
         ]
         read_only_fields = ["created_at"]
 
@@ -183,9 +191,10 @@ class ApiKeySerializer(_TenantOwned):
         model = ApiKey
         fields = [
             "id", "tenant", "name", "prefix", "tier", "allowed_models", "created_at",
-            "revoked_at", "revoked", "key",
+            "revoked_at", "revoked_by", "revoked_by_platform", "revoked", "key",
         ]
-        read_only_fields = ["prefix", "created_at", "revoked_at"]
+        read_only_fields = ["prefix", "created_at", "revoked_at", "revoked_by",
+                            "revoked_by_platform"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
@@ -208,10 +217,12 @@ class ApiKeySerializer(_TenantOwned):
 
     def update(self, instance: ApiKey, validated_data: dict[str, Any]) -> ApiKey:
         revoked = validated_data.pop("revoked", None)
-        if revoked is True and instance.revoked_at is None:
-            instance.revoked_at = timezone.now()
-        elif revoked is False:
-            instance.revoked_at = None
+        if revoked is not None:
+            request = self.context["request"]
+            try:
+                set_key_revoked(instance, revoked, principal_for(request.user))
+            except RevocationFinal as exc:
+                raise PermissionDenied({"revoked": str(exc)}) from None
         return super().update(instance, validated_data)
 
 
@@ -287,7 +298,7 @@ class DeploymentSerializer(_TenantOwned):
             attrs["max_spot_fraction"] = deployment_services.default_spot_fraction(
                 attrs.get("tier", Tier.INTERACTIVE))
         merged = deployment_services.merged_fields(self.instance, attrs)
-        errors = admission.deployment_errors(merged)
+        errors = admission.deployment_errors(merged, self.instance.pk if self.instance else None)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -298,7 +309,33 @@ class DeploymentSerializer(_TenantOwned):
         return super().update(instance, validated_data)
 
 
-class ReplicaSerializer(serializers.ModelSerializer):
+class _PlatformDetail(serializers.ModelSerializer):
+    """A serializer some of whose fields are platform data (controlplane/core/redaction.py):
+    tenant users get `platform_blank` fields empty, and `platform_redacted` ones with every
+    address hidden. Without a request (internal use) nothing is hidden."""
+
+    platform_blank: tuple[str, ...] = ()
+    platform_redacted: tuple[str, ...] = ()
+
+    def for_platform(self) -> bool:
+        request = self.context.get("request")
+        return request is None or principal_for(request.user).is_platform
+
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if not self.for_platform():
+            for name in self.platform_blank:
+                if name in data:
+                    data[name] = ""
+            for name in self.platform_redacted:
+                if data.get(name):
+                    data[name] = redact_addresses(data[name])
+        return data
+
+
+class ReplicaSerializer(_PlatformDetail):
+    platform_blank = ("url",)
+    platform_redacted = ("last_error",)
     deployment: serializers.SlugRelatedField[Deployment] = serializers.SlugRelatedField(
         slug_field="name", read_only=True
     )
@@ -312,9 +349,16 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "spot", "last_error", "created_at", "state_changed_at", "ready_at", "terminated_at",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "url": {"help_text": "The engine's address: platform staff only (empty for tenant "
+                                 "users, who reach replicas through the edges)."},
+            "last_error": {"help_text": "Addresses in it are hidden from tenant users."},
+        }
 
 
-class AuditLogSerializer(serializers.ModelSerializer):
+class AuditLogSerializer(_PlatformDetail):
+    platform_redacted = ("reason",)
+
     class Meta:
         model = AuditLog
         fields = [
@@ -339,7 +383,9 @@ class StatusSerializer(serializers.Serializer):
     last_beat_tick = serializers.DateTimeField(allow_null=True)
 
 
-class EdgeSerializer(serializers.ModelSerializer):
+class EdgeSerializer(_PlatformDetail):
+    platform_blank = ("admin_url", "last_error")
+
     region = RegionKeyField()
     latest_version = serializers.IntegerField(read_only=True, allow_null=True)
     in_sync = serializers.SerializerMethodField()
@@ -354,6 +400,12 @@ class EdgeSerializer(serializers.ModelSerializer):
         read_only_fields = [
             "last_acked_version", "last_acked_at", "last_seen_at", "last_error", "created_at",
         ]
+        extra_kwargs = {
+            "admin_url": {"help_text": "Where the control plane pushes tables: platform staff "
+                                       "only (empty for tenant users)."},
+            "last_error": {"help_text": "The last push's error: platform staff only (empty for "
+                                        "tenant users)."},
+        }
 
     @extend_schema_field(serializers.BooleanField())
     def get_in_sync(self, obj: Edge) -> bool:
@@ -401,8 +453,11 @@ class RoutingPolicySerializer(serializers.ModelSerializer):
         return value
 
 
-class OperationSerializer(serializers.ModelSerializer):
+class OperationSerializer(_PlatformDetail):
     replica = serializers.SerializerMethodField()
+    log = serializers.SerializerMethodField(
+        help_text="The provider's log for platform staff; tenant users get a one-line summary "
+                  "(what it was and how it went), never a traceback.")
 
     class Meta:
         model = Operation
@@ -413,3 +468,9 @@ class OperationSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_replica(self, obj: Operation) -> str | None:
         return f"r-{obj.replica_id}" if obj.replica_id else None
+
+    @extend_schema_field(serializers.CharField())
+    def get_log(self, obj: Operation) -> str:
+        if self.for_platform():
+            return obj.log
+        return operation_summary(obj.kind, obj.status, obj.error_kind, obj.attempts)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import Count, Prefetch, Q
 from django.db.models import Model as DjangoModel
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
@@ -17,6 +16,7 @@ from controlplane.api.base import ByNameOrId, MeridianViewSet, TenantScopedViewS
 from controlplane.api.deployment_actions import DeploymentActions, ReplicaActions
 from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
+from controlplane.core.services import set_key_revoked
 from controlplane.deployments.models import Deployment, Model, Replica, ReplicaState
 from controlplane.provisioning.models import Operation
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
@@ -99,9 +99,7 @@ class ApiKeyViewSet(MeridianViewSet):
     @transaction.atomic
     def perform_destroy(self, instance: DjangoModel) -> None:
         assert isinstance(instance, ApiKey)  # the queryset holds only API keys
-        if instance.revoked_at is None:
-            instance.revoked_at = timezone.now()
-            instance.save(update_fields=["revoked_at"])
+        set_key_revoked(instance, True, self.principal)
         self._audit("revoke", instance, {})
 
 

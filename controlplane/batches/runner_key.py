@@ -15,11 +15,14 @@ import hashlib
 import hmac
 
 from django.conf import settings
-from django.utils import timezone
 
 from controlplane.batches.models import Batch
 from controlplane.core.hashing import KEY_PREFIX, display_prefix, sha256_hex
-from controlplane.core.models import ApiKey, Tier
+from controlplane.core.models import ApiKey, Role, Tier
+from controlplane.core.services import Principal, set_key_revoked
+
+# Who revokes a finished batch's key.
+RUNNER = Principal("system:batches", Role.ADMIN, None)
 
 
 def key_name(batch_id: str) -> str:
@@ -43,8 +46,8 @@ def ensure_runner_key(batch: Batch) -> str:
 
 
 def revoke_runner_key(batch_id: str) -> None:
-    # One save per row (there is at most one) so the edges' tables drop it.
+    # One save per row (there is at most one) so the edges' tables drop it. The platform
+    # revokes it, so the tenant's admins cannot restore it.
     for key in ApiKey.objects.filter(key_hash=sha256_hex(runner_secret(batch_id)),
                                      revoked_at__isnull=True):
-        key.revoked_at = timezone.now()
-        key.save(update_fields=["revoked_at"])
+        set_key_revoked(key, True, RUNNER)

@@ -51,6 +51,7 @@ from controlplane.batches.runner_key import ensure_runner_key, revoke_runner_key
 from controlplane.core.models import Tenant, Tier
 from controlplane.core.status import redis_client
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
+from controlplane.routing import cache_salt
 from controlplane.routing.models import Edge
 from controlplane.telemetry.services import metrics_source
 
@@ -355,7 +356,8 @@ def eligible_replicas(batch: Batch, pool: bool = False) -> list[Replica]:
     rows = Replica.objects.filter(
         state=ReplicaState.READY, deployment__served_model_name=batch.model,
         region__jurisdiction__in=tenant.allowed_jurisdictions.all(),
-    ).filter(Q(deployment__tenant__isnull=True) | Q(deployment__tenant=tenant)).exclude(url="")
+    ).filter(Q(deployment__tenant__isnull=True) | Q(deployment__tenant=tenant)).exclude(
+        url="").select_related("deployment")
     if pool:
         rows = rows.filter(deployment__tier=Tier.BATCH)
     if tenant.allowed_regions.exists():
@@ -644,13 +646,20 @@ def process(batch_id: str, worker: str, budget_s: float = 30.0) -> float | None:
         if not lines:
             return _idle(batch)
 
-        def run(item: tuple[int, BatchLine], _replicas: list[Replica] = replicas) -> Outcome:
+        isolated = {r.pk for r in replicas if cache_salt.cache_isolated(r)}
+        salt = cache_salt.tenant_cache_salt(batch.tenant_id) if isolated and route is None \
+            else ""
+
+        def run(item: tuple[int, BatchLine], _replicas: list[Replica] = replicas,
+                _isolated: set[int] = isolated, _salt: str = salt) -> Outcome:
             index, line = item
             if route is not None:
                 return send(route.url + batch.endpoint, line.body, timeout_s, route.headers,
                             send_id(line))
             replica = _replicas[(index + random.randrange(len(_replicas))) % len(_replicas)]
-            return send(replica.url.rstrip("/") + batch.endpoint, line.body, timeout_s,
+            # Past the edges, the tenant's prefix-cache salt is the runner's to add.
+            body = cache_salt.salted(line.body, _salt) if replica.pk in _isolated else line.body
+            return send(replica.url.rstrip("/") + batch.endpoint, body, timeout_s,
                         request_id=send_id(line))
 
         outcomes = []

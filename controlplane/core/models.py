@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from controlplane.core.tenancy import Tenancy, TenantQuerySet
@@ -21,6 +21,13 @@ ROLE_RANK = {Role.VIEWER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 class Tier(models.TextChoices):
     INTERACTIVE = "interactive", "Interactive"
     BATCH = "batch", "Batch"
+
+
+# A tenant's capacity caps: the defaults a new tenant gets, and the most platform staff may set.
+DEFAULT_MAX_REPLICAS = 16
+DEFAULT_MAX_GPUS = 32
+CAP_MAX_REPLICAS = 1000
+CAP_MAX_GPUS = 8000
 
 
 class Tenant(models.Model):
@@ -47,6 +54,18 @@ class Tenant(models.Model):
         max_digits=12, decimal_places=2, null=True, blank=True,
         validators=[MinValueValidator(0)],
     )
+    # Capacity caps: what one tenant can make the fleet run for its own deployments (shared
+    # deployments count against no tenant). Checked when a deployment is created or changed,
+    # and by everything that adds replicas (controlplane/deployments/caps.py).
+    max_replicas = models.PositiveIntegerField(
+        default=DEFAULT_MAX_REPLICAS,
+        validators=[MinValueValidator(0), MaxValueValidator(CAP_MAX_REPLICAS)],
+        help_text="Live replicas the tenant's own deployments may run in all, together.")
+    max_gpus = models.PositiveIntegerField(
+        default=DEFAULT_MAX_GPUS,
+        validators=[MinValueValidator(0), MaxValueValidator(CAP_MAX_GPUS)],
+        help_text="GPUs (tensor × pipeline parallel per replica) the tenant's own deployments' "
+                  "live replicas may hold in all, together.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     tenancy = Tenancy("id")
@@ -109,6 +128,9 @@ class ApiKey(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Who revoked it; a revocation by platform staff is final for the tenant's own admins.
+    revoked_by = models.CharField(max_length=150, blank=True)
+    revoked_by_platform = models.BooleanField(default=False)
 
     tenancy = Tenancy("tenant")
     objects = TenantQuerySet.as_manager()

@@ -121,6 +121,35 @@ def issue_api_key(
     return row, key
 
 
+class RevocationFinal(Exception):
+    """A tenant user tried to restore a key that platform staff revoked."""
+
+
+def set_key_revoked(key: ApiKey, revoked: bool, principal: Principal) -> bool:
+    """Revoke or restore `key` as `principal`, recording who revoked it; True when it
+    changed. A revocation by platform staff is final for tenant users: only platform staff
+    may restore such a key (RevocationFinal says so, naming who revoked it)."""
+    if revoked:
+        if key.revoked_at is not None:
+            return False
+        key.revoked_at = timezone.now()
+        key.revoked_by = principal.username
+        key.revoked_by_platform = principal.is_platform
+        key.save(update_fields=["revoked_at", "revoked_by", "revoked_by_platform"])
+        return True
+    if key.revoked_at is None:
+        return False
+    if key.revoked_by_platform and not principal.is_platform:
+        raise RevocationFinal(
+            f"Key {key.name} was revoked by platform staff ({key.revoked_by or 'unknown'}); "
+            "only platform staff may restore it.")
+    key.revoked_at = None
+    key.revoked_by = ""
+    key.revoked_by_platform = False
+    key.save(update_fields=["revoked_at", "revoked_by", "revoked_by_platform"])
+    return True
+
+
 def record_audit(
     actor: str,
     action: str,

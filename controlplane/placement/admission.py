@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controlplane.deployments import caps
 from controlplane.deployments import services as deployment_rules
 from controlplane.deployments.models import ENGINE_CLOUDS
 from controlplane.placement import explain
@@ -40,10 +41,15 @@ _RELAXED_FIELDS = (
 )
 
 
-def deployment_errors(fields: Mapping[str, Any]) -> dict[str, str]:
+def deployment_errors(fields: Mapping[str, Any], deployment_id: int | None = None
+                      ) -> dict[str, str]:
     """Field-named errors for a deployment's settings (as `deployments.services.
-    merged_fields` gives them); empty when it is valid and some offer can hold it."""
+    merged_fields` gives them; `deployment_id`: the row they change, if any); empty when it
+    is valid, within the replica bounds and its tenant's caps (`deployments.caps`), and some
+    offer can hold it."""
     errors = deployment_rules.deployment_errors(dict(fields))
+    for field, words in caps.door_errors(fields, deployment_id).items():
+        errors.setdefault(field, words)
     if errors or fields.get("model") is None:
         return errors
     request = request_for(fields)

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.core.services import record_audit
+from controlplane.deployments.caps import plan_allowances
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import ENGINE_CLOUDS, Deployment, Model, Replica
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
@@ -52,6 +53,16 @@ def deployment_request(d: Deployment) -> DeploymentRequest:
         tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
         allowed_clouds=ENGINE_CLOUDS.get(d.engine, frozenset()),
     )
+
+
+def within_tenant_caps(request: DeploymentRequest, most: int | None) -> DeploymentRequest:
+    """The request with its replica bounds narrowed to `most` (`caps.plan_allowances`: what
+    its tenant's caps leave it), so that no plan places past them; unchanged when None."""
+    if most is None or most >= request.max_replicas:
+        return request
+    return dataclasses.replace(request, max_replicas=most,
+                               min_replicas=min(request.min_replicas, most),
+                               spread_regions=min(request.spread_regions, max(most, 1)))
 
 
 def offer_options() -> tuple[OfferOption, ...]:
@@ -97,8 +108,10 @@ def existing_replicas(deployments: Iterable[Deployment]) -> tuple[ExistingReplic
 
 
 def build_problem(deployments: list[Deployment]) -> PlacementProblem:
+    allowed = plan_allowances(deployments)
     return PlacementProblem(
-        tuple(deployment_request(d) for d in deployments), offer_options(),
+        tuple(within_tenant_caps(deployment_request(d), allowed.get(d.pk)) for d in deployments),
+        offer_options(),
         quota_left(d.pk for d in deployments), existing_replicas(deployments),
     )
 

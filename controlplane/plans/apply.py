@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
+from controlplane.deployments import caps
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -85,6 +86,12 @@ def start_apply(plan_id: int, actor: str) -> Plan:
             change.deployment, change.region, change.count, actor=actor,
             reason=f"plan {plan.pk}: {change.reason}", spot=change.spot, offer=change.offer,
         )
+        if len(made) < change.count:
+            # Make-before-break needs every addition: none is made (the transaction ends).
+            room = caps.headroom(change.deployment)
+            raise PlanStateError(
+                f"Plan {plan.pk} adds {change.count} replicas of {change.deployment.name} in "
+                f"{change.region.key}, but only {len(made)} fit its tenant's caps: {room.why}.")
         change.replica_ids = [r.pk for r in made]
         change.save(update_fields=["replica_ids"])
     transaction.on_commit(lambda: _schedule_advance(plan.pk))

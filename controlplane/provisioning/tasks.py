@@ -9,7 +9,9 @@ from celery import shared_task
 from django.db import transaction
 
 from controlplane.core.locks import advisory_lock
+from controlplane.core.models import Tenant
 from controlplane.core.services import record_audit
+from controlplane.deployments import caps
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services
@@ -87,7 +89,12 @@ def request_replicas(
     spot: bool = False, offer: Offer | None = None, revision: Revision | None = None,
 ) -> list[Replica]:
     """Create `count` pending replicas; their launch is enqueued once this commits.
-    `revision`: the engine settings to launch (None: the deployment's stable ones)."""
+    `revision`: the engine settings to launch (None: the deployment's stable ones).
+
+    Never more than the deployment's tenant may still run under its caps
+    (`deployments.caps`): fewer are made, and an audit event names the cap. Callers that
+    must not act on fewer (plans) check `caps.headroom` first, under the same lock."""
+    count = _within_caps(deployment, count, revision, actor=actor)
     if offer is None:
         offer = (
             Offer.objects.filter(region=region, gpus_per_node__gte=deployment.tensor_parallel)
@@ -104,3 +111,20 @@ def request_replicas(
         transaction.on_commit(partial(provision_replica.delay, replica.pk))
         made.append(replica)
     return made
+
+
+def _within_caps(deployment: Deployment, count: int, revision: Revision | None, *,
+                 actor: str) -> int:
+    """How many of `count` new replicas the tenant's caps allow; the tenant's row is locked
+    until the transaction ends, so two additions cannot both pass the same headroom."""
+    if deployment.tenant_id is None or count <= 0:
+        return count
+    Tenant.objects.select_for_update().filter(pk=deployment.tenant_id).first()
+    engine = revision if revision is not None else deployment
+    room = caps.headroom(deployment, engine.tensor_parallel, engine.pipeline_parallel)
+    if room.replicas is None or count <= room.replicas:
+        return count
+    record_audit(actor, "replica.refused_cap", deployment,
+                 reason=f"{count} replicas asked, {room.replicas} made: {room.why}",
+                 changes={"asked": count, "made": room.replicas})
+    return room.replicas

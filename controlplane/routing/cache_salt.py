@@ -17,9 +17,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 
+from controlplane.deployments.models import Replica
 from controlplane.routing.signing import signing_key
 
 LABEL = b"meridian prefix-cache salt v1"
@@ -35,3 +37,18 @@ def salt_key() -> bytes:
 def tenant_cache_salt(tenant_id: int, key: bytes | None = None) -> str:
     digest = hmac.new(key or salt_key(), b"tenant:%d" % tenant_id, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def salted(body: dict[str, Any], salt: str) -> dict[str, Any]:
+    """A request body with the tenant's salt, by the edge's rule (edge.cache_salt): a salt
+    the client sent stays behind the tenant's, never in its place. For requests the control
+    plane sends to a shared replica itself, past the edges (a batch's lines with no edge)."""
+    own = body.get("cache_salt")
+    return {**body, "cache_salt": f"{salt}.{own}" if isinstance(own, str) and own else salt}
+
+
+def cache_isolated(replica: Replica) -> bool:
+    """Whether requests to the replica carry their tenant's salt: as the edge decides it
+    from the table (a shared deployment that did not opt into sharing its cache)."""
+    deployment = replica.deployment
+    return deployment.tenant_id is None and not deployment.shared_prefix_cache

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from controlplane.core.services import record_audit
 from controlplane.costs.services import usd_h_for
+from controlplane.deployments import caps
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
@@ -284,6 +285,12 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
         canary = deployment.canary_revision if deployment.canary_revision_id else None
         if decision.direction == UP:
             add = decision.after - decision.before
+            # Never past the tenant's caps: what they leave is all it may add.
+            room = caps.headroom(deployment)
+            if room.replicas is not None and room.replicas < add:
+                reason = f"{reason}; {room.why}, so at most {room.replicas} more"
+                signals["tenant_cap"] = room.why
+                add = room.replicas
             # During a rollout each revision gets its share of the new replicas.
             shares: list[tuple[Revision | None, int]] = [(None, add)]
             if canary is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from controlplane.core.services import record_audit
+from controlplane.deployments import caps
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -87,6 +88,11 @@ def scale_in_region(
                             f"({deployment.min_replicas}).")
         extra = here[replicas:]
         to_add = max(replicas - len(here), 0)
+        room = caps.headroom(deployment) if to_add else None
+        if room is not None and room.replicas is not None and to_add > room.replicas:
+            raise ScaleRefused(
+                "replicas", f"{to_add} more replicas would pass the tenant's caps: {room.why}, "
+                            f"so at most {room.replicas} more.")
         if preview:
             return ScaleResult(region.key, len(here), replicas,
                                draining=[r.public_id for r in extra], to_add=to_add)

@@ -12,6 +12,7 @@ from django.utils.html import format_html, format_html_join, json_script
 from django.utils.safestring import SafeString
 
 from controlplane.core.money import format_usd
+from controlplane.core.redaction import redact_addresses
 
 register = template.Library()
 
@@ -124,3 +125,9 @@ def counts(states: dict[str, int], kind: str = "state") -> SafeString:
     """Counts by state as badges that carry their numbers: “3 ready”, “1 failed”."""
     return format_html_join(" ", '<span class="badge {}-{}">{} {}</span>',
                             ((kind, state, n, state) for state, n in (states or {}).items()))
+
+
+@register.filter
+def no_addresses(text: str) -> str:
+    """Text with every URL and IP address hidden: what tenant users see of platform errors."""
+    return redact_addresses(str(text or ""))

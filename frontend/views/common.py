@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from controlplane.core.models import Role
-from frontend.access import principal_of
+from frontend.access import PLATFORM_PAGES, principal_of
 
 # (url name, label, what the page answers): one <nav> links every page from here.
 NAV: tuple[tuple[str, str, str], ...] = (
@@ -38,7 +38,8 @@ def page_context(request: HttpRequest, context: dict[str, Any] | None = None) ->
         "can_operate": principal.has_role(Role.OPERATOR),
         "can_admin": principal.has_role(Role.ADMIN),
         "nav": [{"name": name, "label": label, "hint": hint, "current": name == section}
-                for name, label, hint in NAV],
+                for name, label, hint in NAV
+                if principal.is_platform or name not in PLATFORM_PAGES],
         **(context or {}),
     }
 

@@ -1,4 +1,7 @@
-"""Failover: region health, incidents and drills with their timelines; start a drill."""
+"""Failover: region health, incidents and drills with their timelines; start a drill.
+
+For platform staff alone, as in the API: an incident names the replicas of every tenant in a
+region."""
 
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ def _live_context(request: HttpRequest) -> dict[str, object]:
     }
 
 
-@dashboard_view()
+@dashboard_view(platform_only=True)
 def failover(request: HttpRequest) -> HttpResponse:
     return render_page(request, "frontend/failover.html", {
         **_live_context(request),
@@ -65,7 +68,7 @@ def failover(request: HttpRequest) -> HttpResponse:
     })
 
 
-@dashboard_view()
+@dashboard_view(platform_only=True)
 def failover_live(request: HttpRequest) -> HttpResponse:
     """Region health and incidents alone, re-fetched by htmx: every 2 s while an incident
     is open or a region is down or degraded, else every 15 s."""
@@ -73,7 +76,7 @@ def failover_live(request: HttpRequest) -> HttpResponse:
                        section="failover")
 
 
-@dashboard_view(role=Role.OPERATOR, methods=("POST",))
+@dashboard_view(role=Role.OPERATOR, methods=("POST",), platform_only=True)
 def drill(request: HttpRequest) -> HttpResponse:
     """Two steps: the first POST names what will be killed, the second (confirm=yes) kills."""
     if not principal_of(request).is_platform:

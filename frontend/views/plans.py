@@ -1,7 +1,8 @@
 """Plans: the solver's proposed replica changes with reasons and cost; review and apply them.
 
-As in the API (controlplane/api/plan_views.py), every role reads plans and platform
-operators propose, approve, apply and reject; the steps are controlplane.plans.apply.
+As in the API (controlplane/api/plan_views.py), plans are for platform staff alone (they name
+every tenant's deployments and costs): every platform role reads them and platform operators
+propose, approve, apply and reject; the steps are controlplane.plans.apply.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _review_steps() -> dict[str, tuple[Callable[..., Plan], str]]:
     }
 
 
-@dashboard_view()
+@dashboard_view(platform_only=True)
 def plan_list(request: HttpRequest) -> HttpResponse:
     rows = Plan.objects.annotate(change_count=Count("changes")).defer("inputs", "log")
     status = request.GET.get("status", "")
@@ -54,7 +55,7 @@ def _may_review(request: HttpRequest) -> bool:
     return principal.has_role(Role.OPERATOR) and principal.is_platform
 
 
-@dashboard_view()
+@dashboard_view(platform_only=True)
 def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
     changes = PlanChange.objects.select_related(
         "deployment", "region__cloud", "offer__gpu_type",
@@ -91,7 +92,7 @@ def _fact(key: str, value: Any) -> Any:
     return value
 
 
-@dashboard_view(role=Role.OPERATOR, methods=("POST",))
+@dashboard_view(role=Role.OPERATOR, methods=("POST",), platform_only=True)
 def propose(request: HttpRequest) -> HttpResponse:
     principal = principal_of(request)
     if not principal.is_platform:
@@ -101,7 +102,7 @@ def propose(request: HttpRequest) -> HttpResponse:
     return redirect("frontend:plan", pk=plan.pk)
 
 
-@dashboard_view(role=Role.OPERATOR, methods=("POST",))
+@dashboard_view(role=Role.OPERATOR, methods=("POST",), platform_only=True)
 def review(request: HttpRequest, pk: int, step: str) -> HttpResponse:
     steps = _review_steps()
     if step not in steps:

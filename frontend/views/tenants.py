@@ -13,11 +13,9 @@ from django.db import transaction
 from django.db.models import Count, F, Prefetch, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
-from django.utils import timezone
 
 from controlplane.core.models import ApiKey, Membership, Role, Tenant
-from controlplane.core.services import Principal, issue_api_key, record_audit
-from controlplane.routing.signals import request_publish
+from controlplane.core.services import Principal, issue_api_key, record_audit, set_key_revoked
 from frontend.access import change_refusal, dashboard_view, forbidden, principal_of
 from frontend.forms import ApiKeyForm, ReasonForm
 from frontend.views.common import paginate, query_without_page, render_page
@@ -113,12 +111,12 @@ def revoke_key(request: HttpRequest, pk: int) -> HttpResponse:
     form = ReasonForm(request.POST)
     reason = (form.cleaned_data["reason"] if form.is_valid() else "") or "dashboard"
     with transaction.atomic():
-        revoked = ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now())
+        # Locked, so that two revocations cannot both record themselves; the save pushes
+        # the tables. Who revoked is kept: a platform revocation is final for tenant admins.
+        locked = ApiKey.objects.select_for_update().get(pk=key.pk)
+        revoked = set_key_revoked(locked, True, principal)
         if revoked:
             record_audit(principal.username, "revoke", key, reason=reason)
-            # An UPDATE sends no post_save, so ask for the table push a save would have caused.
-            request_publish()
     if revoked:
         messages.success(request, f"Key {key.name} ({key.prefix}…) revoked: edges refuse it "
                                   "once their next table arrives.")

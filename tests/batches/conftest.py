@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 
 from tests.local_http import LocalServer, QuietHandler
+from tests.routing.conftest import signing_key_file
+
+__all__ = ["signing_key_file"]  # the routing tests' fixture: lines past the edges are salted
 
 
 class FakeEngine:
@@ -97,7 +100,7 @@ def batch_settings(settings: Any) -> Any:
 
 @pytest.fixture
 def fleet(catalog: Any, tenants: Any, engines: dict[str, FakeEngine], batch_settings: Any,
-          sent_tasks: Any) -> dict[str, Any]:
+          sent_tasks: Any, signing_key_file: Any) -> dict[str, Any]:
     """A shared llama deployment allowed in the EU and the US with a ready replica in each;
     acme may use the EU only, so its lines must never reach the US engine. `sent_tasks`
     keeps the runner's Celery task off the broker; the tests run it themselves."""

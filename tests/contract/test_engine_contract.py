@@ -489,3 +489,24 @@ def test_a_repeated_long_prompt_is_served_from_the_prefix_cache_and_says_so(
     usage = chunks_of(events)[-1]["usage"]
     assert usage["prompt_tokens"] == prompt_tokens
     assert usage["prompt_tokens_details"]["cached_tokens"] == cached
+
+
+def test_a_cache_salt_keeps_the_same_prompt_apart_in_the_prefix_cache(engine: Engine) -> None:
+    # The same fresh prompt salted "tenant-A", "tenant-B", then "tenant-A" again: only the
+    # last finds anything cached (the first request's blocks), as a salt is mixed into the
+    # first block's hash and every later block chains on it. An empty salt is refused.
+    sentence = "Meridian keeps each tenant's prompts to itself in a shared prefix cache. "
+    body = {"model": engine.model, "max_tokens": 1,
+            "prompt": f"Run {uuid.uuid4().hex}. " + sentence * 40}
+    usages = []
+    for salt in ("tenant-A", "tenant-B", "tenant-A"):
+        status, answer = engine.post_json("/v1/completions", {**body, "cache_salt": salt})
+        assert status == 200, answer
+        usages.append(answer["usage"])
+    prompt_tokens = usages[0]["prompt_tokens"]
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    assert cached[:2] == [0, 0]
+    assert prompt_tokens // 2 <= cached[2] < prompt_tokens, (cached, prompt_tokens)
+    status, raw = engine.post_json("/v1/completions", {**body, "cache_salt": ""})
+    assert status == 400
+    assert "cache_salt" in error_of(raw, 400)["message"]
