@@ -15,11 +15,16 @@ from controlplane.deployments import caps
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services
+from controlplane.provisioning.base import ProviderError
 from regions.models import Offer, Region
 from regions.services import refresh_offers
 
 CHECK_EVERY_S = 1.0
 DRAIN_POLL_S = 1.0
+# A terminate the provider could not finish yet is tried again after 30 s, 60 s, ...
+TERMINATE_RETRY_KINDS = frozenset({"timeout", "unavailable"})
+TERMINATE_ATTEMPTS = 6
+TERMINATE_RETRY_S = 30.0
 
 
 @shared_task(name="provisioning.provision_replica")
@@ -39,8 +44,19 @@ def check_replica(replica_id: int) -> str:
 
 
 @shared_task(name="provisioning.terminate_replica")
-def terminate_replica(replica_id: int, reason: str = "terminate requested") -> str:
-    return services.terminate(replica_id, reason=reason)
+def terminate_replica(replica_id: int, reason: str = "terminate requested",
+                      attempt: int = 1) -> str:
+    """Terminate; a provider that cannot say it is done yet (a launch still ending, an API
+    server not answering) is asked again with a growing pause, up to TERMINATE_ATTEMPTS
+    times, so that what it runs is not left running because one try came too soon."""
+    try:
+        return services.terminate(replica_id, reason=reason)
+    except ProviderError as exc:
+        if exc.kind not in TERMINATE_RETRY_KINDS or attempt >= TERMINATE_ATTEMPTS:
+            raise
+        terminate_replica.apply_async((replica_id, reason, attempt + 1),
+                                      countdown=TERMINATE_RETRY_S * attempt)
+        return f"retrying (attempt {attempt + 1} of {TERMINATE_ATTEMPTS}): {exc}"
 
 
 @shared_task(name="provisioning.finish_drain")

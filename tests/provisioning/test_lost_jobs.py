@@ -13,7 +13,7 @@ from controlplane.core.models import AuditLog
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.provisioning import services, tasks
-from controlplane.provisioning.base import ProviderHandle, ProviderStatus
+from controlplane.provisioning.base import ProviderError, ProviderHandle, ProviderStatus
 from controlplane.provisioning.models import Operation, OperationKind
 
 pytestmark = pytest.mark.django_db
@@ -136,3 +136,50 @@ def test_a_drain_whose_deadline_task_was_lost_ends(provider, deployment, catalog
     overdue.refresh_from_db()
     draining.refresh_from_db()
     assert overdue.state == S.TERMINATED and draining.state == S.DRAINING
+
+
+class NotDoneYet(FakeProvider):
+    """A provider whose terminate cannot finish yet (a launch still ending on its server),
+    `failures` times, with an error of `kind`."""
+
+    def __init__(self, failures: int, kind: str = "timeout") -> None:
+        super().__init__()
+        self.failures = failures
+        self.kind = kind
+
+    def terminate(self, handle: ProviderHandle) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ProviderError(self.kind, "launch request r1 is still running")
+        super().terminate(handle)
+
+
+def test_a_terminate_the_provider_cannot_finish_yet_is_tried_again(  # type: ignore[no-untyped-def]
+        deployment, catalog, sent_tasks):
+    row = replica(deployment, catalog["fra"], S.PROVISIONING, handle=True)
+    slow = NotDoneYet(failures=1)
+    services.set_provider("local", slow)  # type: ignore[arg-type]
+    try:
+        outcome = tasks.terminate_replica(row.pk, "scale in")
+        assert outcome.startswith("retrying (attempt 2 of 6): timeout: launch request r1")
+        assert sent_tasks == [("provisioning.terminate_replica", (row.pk, "scale in", 2),
+                               {"countdown": tasks.TERMINATE_RETRY_S})]
+        row.refresh_from_db()
+        assert row.state == S.PROVISIONING and slow.terminated == []
+        assert tasks.terminate_replica(row.pk, "scale in", 2) == S.TERMINATED  # the retry
+        assert slow.terminated == ["h-x"]
+    finally:
+        services.set_provider("local", None)
+
+
+@pytest.mark.parametrize("kind,attempt", [("credentials", 1), ("timeout", 6)])
+def test_a_terminate_that_cannot_succeed_by_waiting_fails_at_once(  # type: ignore[no-untyped-def]
+        deployment, catalog, sent_tasks, kind, attempt):
+    row = replica(deployment, catalog["fra"], S.PROVISIONING, handle=True)
+    services.set_provider("local", NotDoneYet(failures=1, kind=kind))  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ProviderError) as caught:
+            tasks.terminate_replica(row.pk, "scale in", attempt)
+        assert caught.value.kind == kind and sent_tasks == []
+    finally:
+        services.set_provider("local", None)
