@@ -3,6 +3,7 @@ killed outright leaves no engine behind (its guard stops them)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from controlplane.lab.guard import STOPPED
+from controlplane.lab.waiting import WaitTimeout, wait_until
 from controlplane.provisioning.local import process_started
 from tests.e2e.test_lab import REPO, _drop_database, free_edge_ports, free_port, get_json
 
@@ -48,9 +50,10 @@ def _descendants(root: int) -> set[int]:
 
 
 def _wait_gone(pids: set[int], timeout_s: float) -> set[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and {p for p in pids if _alive(p)}:
-        time.sleep(0.2)
+    """The processes of `pids` still alive once all are gone or `timeout_s` has passed."""
+    with contextlib.suppress(WaitTimeout):
+        wait_until(lambda: not any(_alive(p) for p in pids), timeout_s, "the processes gone",
+                   every_s=0.2)
     return {p for p in pids if _alive(p)}
 
 
@@ -80,17 +83,13 @@ def test_lab_whose_reader_is_gone_stops_every_process_on_sigterm(tmp_path, setti
             output += chunk
         token = (tmp_path / "lab" / "admin-token").read_text().strip()
         api = f"http://127.0.0.1:{port}/api/v1"
-        body: dict = {}
-        while time.monotonic() < deadline:  # the engines and relays the worker starts
-            try:
-                code, body = get_json(f"{api}/replicas/?deployment=demo-chat&state=ready",
-                                      token)
-            except OSError:
-                code = 0
-            if code == 200 and body["count"] >= 3:
-                break
-            time.sleep(1)
-        assert body.get("count", 0) >= 3, body
+
+        def three_ready() -> bool:  # the engines and relays the worker starts
+            code, body = get_json(f"{api}/replicas/?deployment=demo-chat&state=ready", token)
+            return code == 200 and body["count"] >= 3
+
+        wait_until(three_ready, max(0.0, deadline - time.monotonic()),
+                   "three ready replicas of demo-chat", every_s=1.0, ignore=(OSError,))
         engines = {json.loads(p.read_text())[key] for p in records.glob("*.json")
                    for key in ("pid", "relay_pid")}
         reader.close()  # the process reading the lab's output exits
@@ -98,7 +97,7 @@ def test_lab_whose_reader_is_gone_stops_every_process_on_sigterm(tmp_path, setti
         assert engines <= started and len(started) >= 12, (engines, started)
         lab.send_signal(signal.SIGTERM)  # the lab alone, as `kill <pid>` would
         lab.wait(timeout=90)
-        assert not _wait_gone(started, 15), "left running"
+        assert not _wait_gone(started, 60), "left running"
         assert not list(records.glob("*.json"))
     finally:
         if lab.poll() is None:

@@ -3,11 +3,11 @@ with the engine's own last log lines, and nothing is left running."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import pytest
 
+from controlplane.lab.waiting import wait_until
 from controlplane.provisioning.base import ReplicaSpec
 from controlplane.provisioning.local import LocalProvider, runs
 from tests.real_engine import require_engine
@@ -25,11 +25,8 @@ def test_a_vllm_that_cannot_start_fails_with_its_last_log_lines(local_provider) 
     handle = provider.launch(replace(spec, engine="vllm"))
     record = provider.read_record(handle.id)
     assert record is not None and record["engine"] == "vllm" and record["core"] is not None
-    deadline = time.monotonic() + 180
-    status = provider.poll(handle)
-    while status.state == "starting" and time.monotonic() < deadline:
-        time.sleep(0.5)
-        status = provider.poll(handle)
+    status = wait_until(lambda: s if (s := provider.poll(handle)).state != "starting" else None,
+                        180, "the launch past starting", every_s=0.5)
     assert status.state == "failed", status
     # vLLM's own words, from its log: offline, the model is nowhere to be found.
     assert "log ends:" in status.message
