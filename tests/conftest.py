@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -114,9 +114,9 @@ def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> list[SentTask]:
 
     sent: list[SentTask] = []
 
-    def apply_async(self: Task, args: object = None, kwargs: object = None,
-                    **options: object) -> None:
-        sent.append((self.name, tuple(args or ()), dict(options)))  # type: ignore[call-overload]
+    def apply_async(self: Task, args: Iterable[object] | None = None,
+                    kwargs: Mapping[str, object] | None = None, **options: object) -> None:
+        sent.append((self.name, tuple(args or ()), dict(options)))
 
     monkeypatch.setattr(Task, "apply_async", apply_async)
     return sent

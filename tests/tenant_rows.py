@@ -9,11 +9,18 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
 from controlplane.core.models import Tenant
+
+if TYPE_CHECKING:  # the builders import their models when called, once Django is set up
+    from controlplane.alerts.models import Alert
+    from controlplane.batches.models import Batch, BatchFile
+    from controlplane.deployments.models import Deployment, Replica, Revision
+    from controlplane.rollouts.models import Rollout
+    from controlplane.telemetry.models import GpuNode
 
 _serial = itertools.count(1)
 NOW = datetime(2026, 11, 2, 12, tzinfo=UTC)
@@ -25,7 +32,7 @@ def _n() -> int:
     return next(_serial)
 
 
-def deployment(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+def deployment(fx: dict[str, Any], tenant: Tenant | None) -> Deployment:
     from controlplane.deployments.models import Deployment
 
     row = Deployment.objects.create(name=f"dep-{_n()}", served_model_name="llama-3.1-8b",
@@ -34,13 +41,13 @@ def deployment(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
     return row
 
 
-def replica(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+def replica(fx: dict[str, Any], tenant: Tenant | None) -> Replica:
     from controlplane.deployments.models import Replica
 
     return Replica.objects.create(deployment=deployment(fx, tenant), region=fx["fra"])
 
 
-def revision(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+def revision(fx: dict[str, Any], tenant: Tenant | None) -> Revision:
     from controlplane.deployments.models import Deployment
     from controlplane.deployments.services import stable_revision
 
@@ -49,7 +56,7 @@ def revision(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
     return stable_revision(row)
 
 
-def rollout(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+def rollout(fx: dict[str, Any], tenant: Tenant | None) -> Rollout:
     from controlplane.deployments.models import Revision
     from controlplane.rollouts.models import Rollout
 
@@ -65,13 +72,13 @@ def rollout_step(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
     return RolloutStep.objects.create(rollout=rollout(fx, tenant), step=0, weight=100)
 
 
-def gpu_node(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+def gpu_node(fx: dict[str, Any], tenant: Tenant | None) -> GpuNode:
     from controlplane.telemetry.models import GpuNode
 
     return GpuNode.objects.create(name=f"node-{_n()}", replica=replica(fx, tenant))
 
 
-def alert(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
+def alert(fx: dict[str, Any], tenant: Tenant | None) -> Alert:
     from controlplane.alerts.models import Alert
 
     return Alert.objects.create(rule="ttft_slo", subject=f"subject-{_n()}", tenant=tenant,
@@ -158,7 +165,7 @@ def _delivery(fx: dict[str, Any], tenant: Tenant | None) -> models.Model:
                                         url="https://hooks.example/x", payload={}, created_at=NOW)
 
 
-def _batch_file(fx: dict[str, Any], tenant: Tenant | None) -> models.Model | None:
+def _batch_file(fx: dict[str, Any], tenant: Tenant | None) -> BatchFile | None:
     from controlplane.batches.models import BatchFile
 
     return None if tenant is None else BatchFile.objects.create(
@@ -166,11 +173,11 @@ def _batch_file(fx: dict[str, Any], tenant: Tenant | None) -> models.Model | Non
         content=b"{}")
 
 
-def _batch(fx: dict[str, Any], tenant: Tenant | None) -> models.Model | None:
+def _batch(fx: dict[str, Any], tenant: Tenant | None) -> Batch | None:
     from controlplane.batches.models import Batch
 
     source = _batch_file(fx, tenant)
-    return None if tenant is None else Batch.objects.create(
+    return None if tenant is None or source is None else Batch.objects.create(
         tenant=tenant, input_file=source, endpoint="/v1/chat/completions", model="m",
         expires_at=NOW)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 UP = "up"
 DOWN = "down"
@@ -363,8 +363,11 @@ def canary_share(canary_weight: float, region_weights: Mapping[str, float]) -> f
     return canary_weight
 
 
-def keeps_each_revision(revision: Hashable, serving: bool,
-                        serving_left: Mapping[Hashable, int]) -> bool:
+RevisionKey = TypeVar("RevisionKey", bound=Hashable)
+
+
+def keeps_each_revision(revision: RevisionKey, serving: bool,
+                        serving_left: Mapping[RevisionKey, int]) -> bool:
     """Whether a replica of `revision` may go during a rollout: not the last serving one of
     its revision (the canary would lose its only replica, or the stable its last)."""
     return not serving or serving_left.get(revision, 0) > 1

@@ -23,7 +23,7 @@ LOWER_ROLE = {Role.ADMIN: Role.OPERATOR, Role.OPERATOR: Role.VIEWER}
 @pytest.mark.django_db
 class CrudContract:
     url: str = ""
-    write_role: str = Role.ADMIN
+    write_role: Role = Role.ADMIN
     platform_only: bool = True
     read_only: bool = False
     deletable: bool = True

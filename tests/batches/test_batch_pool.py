@@ -100,6 +100,7 @@ def test_a_waking_pool_gets_one_line_at_a_time_and_no_attempt_is_spent(
     assert len(pool_edge.sends) == 1
     assert _lines(batch_id) == [("queued", 0)] * 5
     first = BatchLine.objects.get(batch_id=batch_id, line_number=1)
+    assert first.error is not None and first.next_attempt_at is not None
     assert first.error["code"] == "no_replicas" and first.next_attempt_at > timezone.now()
 
     # More often than BATCH_MAX_ATTEMPTS (3): still no attempt spent, nothing failed.

@@ -128,13 +128,15 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
 def _drop_database(url: str, name: str) -> None:
     import psycopg
     from psycopg import sql
+    from psycopg.conninfo import make_conninfo
 
     from controlplane.env import database_from_url
 
     params = database_from_url("DATABASE_URL", url)
     conninfo = {"dbname": "postgres", "user": params["USER"], "host": params["HOST"],
                 "port": params["PORT"]}
-    with psycopg.connect(**{k: v for k, v in conninfo.items() if v}, autocommit=True) as conn:
+    given = make_conninfo(**{k: str(v) for k, v in conninfo.items() if v})
+    with psycopg.connect(given, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 

@@ -152,8 +152,8 @@ def test_a_real_engine_killed_under_traffic_loses_no_request(
 
     async def scenario() -> None:
         async with running_edge(signing_key, tmp_path / "state") as edge:
-            policy = {"scorers": {"load": 1.0}}
-            assert (await edge.push(table_for(engines, **policy), signing_key))[0] == 200
+            table = table_for(engines, scorers={"load": 1.0})
+            assert (await edge.push(table, signing_key))[0] == 200
             # Not streamed: nothing reaches a client before its answer is complete.
             tasks = [asyncio.ensure_future(edge.chat(MODEL, f"Tell me a fact about {i}.",
                                                      max_tokens=48))

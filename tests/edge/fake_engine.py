@@ -130,9 +130,7 @@ class FakeEngine:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port, ssl_context=tls)
         await site.start()
-        server = site._server
-        assert server is not None
-        bound = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        bound = self._runner.addresses[0][1]
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{bound}"
         return self.url
 

@@ -10,6 +10,7 @@ import json
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httptools
 import pytest
@@ -98,8 +99,9 @@ def test_streams_from_enginesim_arrive_byte_identical(
             table = make_table(models={"sim": [replica("r1", f"http://127.0.0.1:{relay.port}")]})
             async with running_edge(signing_key, state_dir) as edge:
                 assert (await edge.push(table, signing_key))[0] == 200
-                body = ({"model": "sim", "messages": [{"role": "user", "content": "tell me"}]}
-                        if chat else {"model": "sim", "prompt": "once upon a time"})
+                body: dict[str, Any] = (
+                    {"model": "sim", "messages": [{"role": "user", "content": "tell me"}]}
+                    if chat else {"model": "sim", "prompt": "once upon a time"})
                 body.update(stream=True, max_tokens=20,
                             stream_options={"include_usage": True})
                 path = "/v1/chat/completions" if chat else "/v1/completions"

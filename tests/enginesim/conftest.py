@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
 
+from enginesim.engine import Engine
 from enginesim.profiles import Profile
 from enginesim.scheduler import Scheduler, Sequence
 from enginesim.server import ENGINE_KEY, build_app
@@ -81,12 +83,14 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def serving(profile: Profile = FAST, **options: object) -> AsyncIterator[
-        tuple[str, web.Application]]:
+async def serving(profile: Profile = FAST, *, served: str = "test",
+                  max_model_len: int | None = None, seed: int = 0, api_keys: list[str] | None = None,
+                  enable_prompt_tokens_details: bool = False, enable_scale_out: bool = False,
+                  ) -> AsyncIterator[tuple[str, web.Application]]:
     """An enginesim app on a free port for the duration of the block: (base URL, app)."""
-    app = build_app(profile, "org/test-model", str(options.pop("served", "test")),
-                    options.pop("max_model_len", None), None, None,  # type: ignore[arg-type]
-                    int(options.pop("seed", 0)), **options)  # type: ignore[arg-type]
+    app = build_app(profile, "org/test-model", served, max_model_len, seed=seed,
+                    api_keys=api_keys, enable_prompt_tokens_details=enable_prompt_tokens_details,
+                    enable_scale_out=enable_scale_out)
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     port = free_port()
@@ -98,9 +102,12 @@ async def serving(profile: Profile = FAST, **options: object) -> AsyncIterator[
         await runner.cleanup()
 
 
-def engine_of(app: web.Application):  # type: ignore[no-untyped-def]
+def engine_of(app: web.Application) -> Engine:
     return app[ENGINE_KEY]
 
 
-def run(coro) -> object:  # type: ignore[no-untyped-def]
+Result = TypeVar("Result")
+
+
+def run(coro: Coroutine[Any, Any, Result]) -> Result:
     return asyncio.run(coro)

@@ -149,8 +149,9 @@ def test_max_tokens_is_cut_to_the_room_the_prompt_leaves() -> None:
 def test_cached_tokens_are_reported_with_the_flag_only() -> None:
     prompt = {"prompt": "A shared beginning for both requests. " * 20, "max_tokens": 1}
 
-    async def cached(**options: object) -> list[Any]:
-        async with serving(**options) as (base, _), aiohttp.ClientSession() as session:
+    async def cached(enable_prompt_tokens_details: bool = False) -> list[Any]:
+        async with serving(enable_prompt_tokens_details=enable_prompt_tokens_details) as (
+                base, _), aiohttp.ClientSession() as session:
             return [(await post(session, base + "/v1/completions", prompt))[1]["usage"]
                     ["prompt_tokens_details"] for _ in range(2)]
 
@@ -166,7 +167,8 @@ def test_cached_tokens_are_reported_with_the_flag_only() -> None:
 def test_a_cache_salt_keeps_prompts_apart_as_in_vllm() -> None:
     """The same prompt salted "tenant-A", "tenant-B", "tenant-A": the second finds nothing
     (another salt), the third finds the first's blocks; a bad salt is refused as vLLM does."""
-    prompt = {"prompt": "A system prompt only one tenant should see. " * 20, "max_tokens": 1}
+    prompt: dict[str, Any] = {"prompt": "A system prompt only one tenant should see. " * 20,
+                              "max_tokens": 1}
 
     async def scenario() -> None:
         async with serving(enable_prompt_tokens_details=True) as (base, _), \

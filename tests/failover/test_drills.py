@@ -104,7 +104,11 @@ def test_a_drill_kills_the_region_and_the_watch_loop_takes_it_from_there(  # typ
                                                 {"region": "local:eu-frankfurt"}, format="json")
         assert again.status_code == 400 and "still running" in again.json()["region"][0]
 
-        report = wait_until(lambda: (r := services.watch()).failed and r, 60, "failures seen")
+        def failures_seen() -> services.WatchReport | None:
+            report = services.watch()
+            return report if report.failed else None
+
+        report = wait_until(failures_seen, 60, "failures seen")
         assert sorted(report.failed) == sorted(r.public_id for r in victims)
         incident.refresh_from_db()
         assert incident.kind == IncidentKind.DRILL and incident.detected_at is not None

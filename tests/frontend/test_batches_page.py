@@ -69,6 +69,7 @@ def test_the_list_shows_each_batch_with_its_progress_counts_tokens_and_eta(
     assert ">3 min<" in row
     finished = re.search(rf'<tr data-batch="{done.pk}">(.*?)</tr>', body).group(1)  # type: ignore[union-attr]
     assert "completed" in finished and "100.0%" in finished and ">—<" in finished
+    assert done.completed_at is not None
     assert f"{done.completed_at:%b} {done.completed_at.day}" in finished
     # While a batch runs, the table refreshes every 2 s.
     assert 'id="batch-table"' in body and 'hx-trigger="every 2s"' in body

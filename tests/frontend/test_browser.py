@@ -61,12 +61,19 @@ class Tab:
     def __init__(self, page: Any, base_url: str) -> None:
         self.page, self.base_url = page, base_url
         self.problems: list[str] = []
-        page.on("console", lambda m: m.type == "error" and self.problems.append(
-            f"console: {m.text} ({page.url})"))
+
+        def console(m: Any) -> None:
+            if m.type == "error":
+                self.problems.append(f"console: {m.text} ({page.url})")
+
+        def request_failed(r: Any) -> None:
+            # A request cut short because the test moved on to the next page is not a fault.
+            if r.failure != "net::ERR_ABORTED":
+                self.problems.append(f"request failed: {r.url} {r.failure}")
+
+        page.on("console", console)
         page.on("pageerror", lambda e: self.problems.append(f"page error: {e} ({page.url})"))
-        # A request cut short because the test moved on to the next page is not a fault.
-        page.on("requestfailed", lambda r: r.failure != "net::ERR_ABORTED" and self.problems.append(
-            f"request failed: {r.url} {r.failure}"))
+        page.on("requestfailed", request_failed)
 
     def open(self, path: str) -> Any:
         response = self.page.goto(self.base_url + path, wait_until="load")

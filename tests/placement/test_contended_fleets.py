@@ -11,7 +11,7 @@ import pytest
 from controlplane.placement import search
 from controlplane.placement.fleet import Fleet
 from controlplane.placement.milp import Block, build
-from controlplane.placement.problem import PlacementProblem
+from controlplane.placement.problem import OfferOption, PlacementProblem
 from controlplane.placement.search import solve
 from tests.placement.conftest import H100, L4, L40S, make_deployment, make_offer
 from tests.placement.test_solver import assert_obeys_every_rule
@@ -21,7 +21,7 @@ def contended_fleet(seed: int, mip_rel_gap: float = 0.005) -> PlacementProblem:
     """40 deployments over 5 sites, 1-, 4- and 8-GPU nodes, quota small enough that the
     deployments' plans alone overrun pools and the joint plans spill into others."""
     rng = random.Random(seed)
-    offers = []
+    offers: list[OfferOption] = []
     for site in range(5):
         for gpu, base in ((H100, 4.0), (L40S, 1.8), (L4, 0.8)):
             for per_node in (1, 4, 8):

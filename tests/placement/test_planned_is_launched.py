@@ -89,6 +89,7 @@ def test_a_pipelined_engine_is_planned_and_launched_over_several_nodes(catalog, 
     d.save()
     plan = propose_plan([d], actor="tester", trigger="test")
     (change,) = plan.changes.all()
+    assert change.offer is not None
     assert change.offer.gpu_type.name == "L4" and change.offer.gpus_per_node == 1
     assert "(tp 1, pp 3 over 3 nodes)" in change.reason
     assert change.usd_h_delta == usd_h_for(change.offer, False, 1, 3) == Decimal("2.40")

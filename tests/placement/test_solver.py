@@ -349,7 +349,7 @@ def brute_force(problem: PlacementProblem) -> float | None:
             options.append((o, False, shape, o.on_demand_usd_h * shape.nodes))
             if o.spot_usd_h is not None:
                 options.append((o, True, shape, o.spot_usd_h * shape.nodes))
-        running = defaultdict(int)
+        running: dict[tuple[int, bool], int] = defaultdict(int)
         for e in problem.existing:
             if e.deployment_id == d.id:
                 running[(e.offer_id, e.spot)] += e.count
@@ -376,7 +376,7 @@ def brute_force(problem: PlacementProblem) -> float | None:
         per_deployment.append(plans)
     best = None
     for combo in itertools.product(*per_deployment):
-        usage: dict[tuple[str, str], int] = defaultdict(int)
+        usage = defaultdict(int)
         for _, u in combo:
             for pool, n in u.items():
                 usage[pool] += n

@@ -32,12 +32,15 @@ def applying(catalog, tenants, make_client, sent_tasks):  # type: ignore[no-unty
     return plan["id"], old
 
 
-class RacingStates(frozenset):  # type: ignore[type-arg]
+class RacingStates(frozenset[str]):
     """SERVING_STATES that runs a second advance of the plan the first time it is asked, so
     the second finishes between the first's read of the plan and its drain: the interleaving
     of two workers running the step at once."""
 
-    def __new__(cls, plan_id: int):  # type: ignore[no-untyped-def]
+    plan_id: int
+    raced: bool
+
+    def __new__(cls, plan_id: int) -> RacingStates:
         instance = super().__new__(cls, plans.SERVING_STATES)
         instance.plan_id, instance.raced = plan_id, False
         return instance

@@ -21,7 +21,7 @@ from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanSt
 from controlplane.placement.proposals import offer_options
 from controlplane.plans import apply as plans
 from controlplane.plans import tasks
-from controlplane.plans.replan import Thresholds, find_broken_rules, replan
+from controlplane.plans.replan import ReplanOutcome, Thresholds, find_broken_rules, replan
 from regions.models import Offer, Quota
 from tests.api.test_endpoints_crud import make_deployment
 
@@ -44,6 +44,12 @@ def world(catalog, tenants):  # type: ignore[no-untyped-def]
                                       state=S.READY, url=f"http://127.0.0.1:{9000 + i}")
                for i in range(2)]
     return {**fx, "d": d, "fra_l4": fra_l4, "running": running}
+
+
+def plan_of(outcome: ReplanOutcome) -> Plan:
+    """The plan a replan proposed, applied or kept; fails the test where it has none."""
+    assert outcome.plan is not None, f"{outcome.action}: {outcome.reason}"
+    return outcome.plan
 
 
 def cheaper_l4(catalog, price: str) -> Offer:  # type: ignore[no-untyped-def]
@@ -77,10 +83,11 @@ def test_a_cheaper_offer_is_proposed_and_waits_for_an_operator(world):  # type: 
     new = cheaper_l4(world, "0.30")
     outcome = replan()
     assert outcome.action == "proposed", outcome.reason
-    plan = outcome.plan
+    plan = plan_of(outcome)
     assert plan.status == PlanStatus.PROPOSED and plan.trigger == "replan:saving"
     assert plan.proposed_by == "system:replan"
     assert float(plan.cost_before_usd_h) == pytest.approx(4.8)
+    assert plan.cost_after_usd_h is not None
     assert float(plan.cost_after_usd_h) == pytest.approx(1.8)
     changes = {(c.action, c.offer_id, c.count) for c in plan.changes.all()}
     assert changes == {("add", new.pk, 2), ("remove", world["fra_l4"].pk, 2)}
@@ -99,7 +106,7 @@ def test_a_region_going_down_is_proposed_even_at_no_saving(world):  # type: igno
     assert outcome.action == "proposed", outcome.reason
     assert [b.kind for b in outcome.broken] == ["region_down"]
     assert set(outcome.broken[0].replicas) == {r.pk for r in world["running"]}
-    plan = outcome.plan
+    plan = plan_of(outcome)
     assert plan.trigger == "replan:region_down"
     removal = plan.changes.get(action=ChangeAction.REMOVE)
     assert removal.region == world["fra"] and removal.count == 2
@@ -124,15 +131,15 @@ def test_auto_apply_only_when_every_deployment_it_changes_allows_it(world, catal
 
     first = replan()
     assert first.action == "proposed" and "chat-eu-2 apply plans by hand" in first.reason
-    assert first.plan.status == PlanStatus.PROPOSED
+    assert plan_of(first).status == PlanStatus.PROPOSED
     assert not Replica.objects.filter(state=S.PENDING).exists()
 
     other.auto_apply_plans = True
     other.save()
     second = replan()  # the same changes: the plan already proposed is applied now
     assert second.action == "applied", second.reason
-    assert second.plan.pk == first.plan.pk and Plan.objects.count() == 1
-    plan = Plan.objects.get(pk=second.plan.pk)
+    assert plan_of(second).pk == plan_of(first).pk and Plan.objects.count() == 1
+    plan = Plan.objects.get(pk=plan_of(second).pk)
     assert plan.status == PlanStatus.APPLYING and plan.reviewed_by == "system:replan"
     pending = Replica.objects.filter(state=S.PENDING)
     assert pending.count() == 3 and {r.region_id for r in pending} == {catalog["ams"].pk}
@@ -148,20 +155,20 @@ def test_newer_plans_supersede_older_ones_and_repeats_are_not_stored(world, cata
     first = replan()
     assert first.action == "proposed"
     again = replan()
-    assert again.action == "unchanged" and again.plan.pk == first.plan.pk
+    assert again.action == "unchanged" and plan_of(again).pk == plan_of(first).pk
     assert Plan.objects.count() == 1
 
     Offer.objects.create(region=catalog["ams"], gpu_type=catalog["l4"], gpus_per_node=1,
                          instance_type="l4x1-cheapest", on_demand_usd_h=Decimal("0.20"),
                          observed_at=SEEN)
     second = replan()
-    assert second.action == "proposed" and second.superseded == [first.plan.pk]
-    old = Plan.objects.get(pk=first.plan.pk)
+    assert second.action == "proposed" and second.superseded == [plan_of(first).pk]
+    old = Plan.objects.get(pk=plan_of(first).pk)
     assert old.status == PlanStatus.REJECTED and old.reviewed_by == "system:replan"
     assert AuditLog.objects.get(action="plan.reject", object_id=str(old.pk)).reason == (
-        f"superseded by plan {second.plan.pk}")
+        f"superseded by plan {plan_of(second).pk}")
 
-    plans.reject(second.plan.pk, "alice", "not this week")
+    plans.reject(plan_of(second).pk, "alice", "not this week")
     refused = replan()
     assert refused.action == "none" and "alice rejected the same changes" in refused.reason
     assert Plan.objects.count() == 2
@@ -181,7 +188,7 @@ def test_a_price_change_since_the_plan_is_a_broken_rule(world, monkeypatch):  # 
     outcome = replan()
     assert [b.kind for b in outcome.broken] == ["price"]
     assert "$2.40/h when placed, $3.60/h now" in outcome.broken[0].detail
-    assert outcome.action == "proposed" and outcome.plan.trigger == "replan:price"
+    assert outcome.action == "proposed" and plan_of(outcome).trigger == "replan:price"
 
 
 def test_broken_rules_are_found_and_named(world, catalog):  # type: ignore[no-untyped-def]
@@ -215,13 +222,13 @@ def test_a_replica_without_an_offer_is_replaced_then_drained(world, catalog):  #
     orphan = world["running"][0]
     Replica.objects.filter(pk=orphan.pk).update(offer=None)
     outcome = replan()
-    assert outcome.action == "proposed" and outcome.plan.trigger == "replan:offer_missing"
-    removal = outcome.plan.changes.get(action=ChangeAction.REMOVE, offer__isnull=True)
+    assert outcome.action == "proposed" and plan_of(outcome).trigger == "replan:offer_missing"
+    removal = plan_of(outcome).changes.get(action=ChangeAction.REMOVE, offer__isnull=True)
     assert removal.count == 1 and "no offer behind it" in removal.reason
-    plans.approve(outcome.plan.pk, "alice")
-    plans.start_apply(outcome.plan.pk, "alice")
+    plans.approve(plan_of(outcome).pk, "alice")
+    plans.start_apply(plan_of(outcome).pk, "alice")
     Replica.objects.filter(state=S.PENDING).update(state=S.READY)
-    assert plans.advance(outcome.plan.pk) == PlanStatus.APPLIED
+    assert plans.advance(plan_of(outcome).pk) == PlanStatus.APPLIED
     assert set(Replica.objects.filter(state=S.DRAINING).values_list("pk", flat=True)) == {
         orphan.pk}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -21,7 +22,7 @@ from regions.services import (
 
 pytestmark = pytest.mark.django_db
 
-SMALL = {
+SMALL: dict[str, Any] = {
     "as_of": "2026-10-01",
     "sources": [],
     "jurisdictions": [{"code": "EU", "name": "European Union"}],

@@ -113,6 +113,6 @@ def test_a_canary_goes_beside_the_stable_replicas_that_serve_the_most(  # type: 
     rollout = services.start(deployment, actor="op", steps=[25, 100], bake_s=60)
     (canary,) = Replica.objects.filter(revision=rollout.to_revision)
     assert canary.region == catalog[busy]
-    served = services.served_by_region(
+    by_region = services.served_by_region(
         Replica.objects.filter(deployment=deployment, revision__isnull=True))
-    assert max(served, key=served.__getitem__) == catalog[busy].key
+    assert max(by_region, key=by_region.__getitem__) == catalog[busy].key

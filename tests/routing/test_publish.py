@@ -71,6 +71,7 @@ def test_a_change_gets_a_newer_version(fleet):  # type: ignore[no-untyped-def]
     first = services.publish()
     Replica.objects.filter(state=S.STARTING).update(state=S.READY)
     second = services.publish()
+    assert first.version is not None and second.version is not None
     assert second.version > first.version
     assert all(len(e.received[-1]["models"]["llama-3.1-8b"]["replicas"]) == 2
                for e in fleet["endpoints"])

@@ -81,6 +81,7 @@ def test_tenants_see_only_their_own_and_shared_decisions(make_client, tenants, d
 def test_decisions_are_read_only(make_client, decisions):  # type: ignore[no-untyped-def]
     client = make_client(Role.ADMIN)
     decision = ScalingDecision.objects.first()
+    assert decision is not None
     assert client.post(URL, {"deployment": "chat-acme"}, format="json").status_code == 405
     assert client.delete(f"{URL}{decision.pk}/").status_code == 405
     assert make_client(None).get(URL).status_code == 401

@@ -50,6 +50,12 @@ def ready_replicas(d: Deployment, region: Any, n: int, gpu: Any) -> list[Replica
                                    url=f"http://127.0.0.1:{9100 + i}") for i in range(n)]
 
 
+def recorded(outcome: autoscaler.Outcome) -> ScalingDecision:
+    """The decision a round recorded; fails the test where it recorded none."""
+    assert outcome.recorded is not None, f"no decision recorded: {outcome.decision}"
+    return outcome.recorded
+
+
 def store_rounds(replicas: list[Replica], seconds: float, *, end: Any = None,
                  **values: float) -> None:
     """Samples every 2 s over the last `seconds` for each replica, as telemetry.collect does."""
@@ -70,7 +76,7 @@ def test_a_sustained_queue_scales_up_through_the_solver(  # type: ignore[no-unty
     with django_capture_on_commit_callbacks(execute=True):
         [outcome] = autoscaler.run()
 
-    decision = outcome.recorded
+    decision = recorded(outcome)
     assert decision is not None and decision.direction == "up"
     assert (decision.replicas_before, decision.replicas_after) == (2, 3)
     assert "queue 8.0 waiting/replica" in decision.reason
@@ -81,7 +87,8 @@ def test_a_sustained_queue_scales_up_through_the_solver(  # type: ignore[no-unty
     # is GCP's Eemshaven: placed there, never in the US.
     assert decision.placed == ["gcp:europe-west4"]
     new = Replica.objects.get(deployment=d, state=S.PENDING)
-    assert new.region == catalog["ams"] and new.offer.gpu_type == catalog["h100"]
+    assert new.region == catalog["ams"] and new.offer is not None
+    assert new.offer.gpu_type == catalog["h100"]
     assert [t for t in sent_tasks if t[0] == "provisioning.provision_replica"] == [
         ("provisioning.provision_replica", (new.pk,), {})]
     audit = AuditLog.objects.get(action="deployment.scale_up")
@@ -109,8 +116,8 @@ def test_kv_pressure_on_the_recorded_samples_drives_the_count(catalog):  # type:
     replicas = ready_replicas(d, catalog["fra"], 2, catalog["h100"])
     store_rounds(replicas, 6, running=20, waiting=0, kv_usage=0.97)
     [outcome] = autoscaler.run()
-    assert outcome.recorded.replicas_after == 3  # ceil(2 × 0.97 / 0.75)
-    assert outcome.recorded.signals["kv_mean"] == pytest.approx(0.97)
+    assert recorded(outcome).replicas_after == 3  # ceil(2 × 0.97 / 0.75)
+    assert recorded(outcome).signals["kv_mean"] == pytest.approx(0.97)
 
 
 def test_ttft_over_the_slo_from_stored_histograms(catalog):  # type: ignore[no-untyped-def]
@@ -135,7 +142,7 @@ def test_no_solver_plan_places_beside_running_replicas(catalog):  # type: ignore
     replicas = ready_replicas(d, catalog["fra"], 2, catalog["h100"])
     store_rounds(replicas, 6, running=20, waiting=8)
     [outcome] = autoscaler.run()
-    decision = outcome.recorded
+    decision = recorded(outcome)
     assert decision.placed == ["aws:eu-central-1"]
     assert "solver found no plan" in decision.signals["placement"]
     assert "beside running replicas" in decision.signals["placement"]
@@ -150,7 +157,7 @@ def test_no_room_anywhere_allowed_places_nothing_and_says_why(catalog):  # type:
     Offer.objects.filter(gpu_type=catalog["l4"]).delete()
     store_rounds(replicas, 6, running=20, waiting=8)
     [outcome] = autoscaler.run()
-    decision = outcome.recorded
+    decision = recorded(outcome)
     assert (decision.replicas_before, decision.replicas_after, decision.placed) == (2, 2, [])
     assert "wanted 3, placed 0" in decision.reason and "solver found no plan" in decision.reason
     assert not Replica.objects.filter(deployment=d, state=S.PENDING).exists()
@@ -169,7 +176,7 @@ def test_idle_replicas_are_drained_idlest_and_dearest_first(  # type: ignore[no-
     store_rounds([ams], 70, end=end, running=0, kv_usage=0.0)
     with django_capture_on_commit_callbacks(execute=True):
         [outcome] = autoscaler.run()
-    decision = outcome.recorded
+    decision = recorded(outcome)
     assert decision.direction == "down" and (decision.replicas_before,
                                              decision.replicas_after) == (3, 2)
     # fra[1] and ams are both idle; fra's offer costs more, so fra[1] drains.
@@ -205,7 +212,7 @@ def test_spread_is_kept_when_draining(catalog):  # type: ignore[no-untyped-def]
     store_rounds(fra, 70, end=end, running=1)
     store_rounds([ams], 70, end=end, running=0)  # idlest, but the only one in its region
     [outcome] = autoscaler.run()
-    assert outcome.recorded.signals["retired"] == [fra[1].public_id]
+    assert recorded(outcome).signals["retired"] == [fra[1].public_id]
 
 
 def test_batch_scales_to_zero_and_back_on_edge_demand(catalog, sent_tasks):  # type: ignore[no-untyped-def]
@@ -216,7 +223,7 @@ def test_batch_scales_to_zero_and_back_on_edge_demand(catalog, sent_tasks):  # t
     [replica] = ready_replicas(d, catalog["fra"], 1, catalog["h100"])
     store_rounds([replica], 70, running=0, waiting=0, kv_usage=0.0)
     [outcome] = autoscaler.run()
-    assert (outcome.recorded.direction, outcome.recorded.replicas_after) == ("down", 0)
+    assert (recorded(outcome).direction, recorded(outcome).replicas_after) == ("down", 0)
     replica.refresh_from_db()
     assert replica.state == S.DRAINING
 
@@ -230,7 +237,7 @@ def test_batch_scales_to_zero_and_back_on_edge_demand(catalog, sent_tasks):  # t
                    requests={"nightly||acme|404": 3, "other||acme|404": 9}),
     ])
     [outcome] = autoscaler.run()
-    woken = outcome.recorded
+    woken = recorded(outcome)
     assert (woken.direction, woken.replicas_before, woken.replicas_after) == ("up", 0, 1)
     assert "scale from zero" in woken.reason and woken.signals["unserved_requests"] == 2
     # The kind it last ran (H100), the cheapest in the EU.
@@ -290,5 +297,5 @@ def test_the_idle_window_before_a_scale_down_comes_from_settings(catalog, settin
     assert held.decision.direction is None   # idle 10 s of the default 60
     settings.SCALE_DOWN_WINDOW_S = 8.0
     [outcome] = autoscaler.run()
-    assert (outcome.recorded.direction, outcome.recorded.replicas_after) == ("down", 0)
-    assert "batch tier scales to zero" in outcome.recorded.reason
+    assert (recorded(outcome).direction, recorded(outcome).replicas_after) == ("down", 0)
+    assert "batch tier scales to zero" in recorded(outcome).reason

@@ -291,5 +291,6 @@ def test_rounds_sum_replicas_and_merge_ttft_histograms():  # type: ignore[no-unt
     assert (second.replicas, second.running, second.waiting) == (2, 14, 6)
     assert second.kv_mean == pytest.approx(0.4) and second.kv_max == pytest.approx(0.5)
     assert second.ttft_count == 20
+    assert second.ttft_p95_s is not None
     assert 0.5 < second.ttft_p95_s <= 1.0  # the slow half dominates the p95
     assert second.queue_per_replica == 3

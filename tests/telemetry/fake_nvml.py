@@ -29,11 +29,19 @@ NAMES = {1: "Uninitialized", 3: "Not Supported", 4: "Insufficient Permissions",
          15: "GPU is lost", 999: "Unknown Error"}
 
 
-def _error_class(name: str, code: int) -> type[NVMLError]:
-    def init(self: NVMLError, *args: Any) -> None:
-        NVMLError.__init__(self, code)
+class NamedNVMLError(NVMLError):
+    """pynvml's NVMLError_<Name>: raised without arguments, it carries its class's code."""
 
-    return type(f"NVMLError_{name}", (NVMLError,), {"__init__": init})
+    code = 999
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(self.code)
+
+
+def _error_class(name: str, code: int) -> type[NamedNVMLError]:
+    named = type(f"NVMLError_{name}", (NamedNVMLError,), {"code": code})
+    assert issubclass(named, NamedNVMLError)
+    return named
 
 
 ERRORS = {name: _error_class(name, code) for name, code in CODES.items()}
@@ -86,14 +94,14 @@ class FakeNvml:
 
     def _module(self) -> ModuleType:
         m = ModuleType("pynvml")
-        m.NVMLError = NVMLError
+        # ModuleType takes any attribute at run time; its stub declares none to set.
+        names = vars(m)
+        names["NVMLError"] = NVMLError
         for name, cls in ERRORS.items():
-            setattr(m, f"NVMLError_{name}", cls)
-        m.NVML_TEMPERATURE_GPU = 0
-        m.NVML_VOLATILE_ECC = 0
-        m.NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
-        m.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-        m.nvmlEventTypeXidCriticalError = 0x8
+            names[f"NVMLError_{name}"] = cls
+        names.update(NVML_TEMPERATURE_GPU=0, NVML_VOLATILE_ECC=0,
+                     NVML_MEMORY_ERROR_TYPE_CORRECTED=0, NVML_MEMORY_ERROR_TYPE_UNCORRECTED=1,
+                     nvmlEventTypeXidCriticalError=0x8)
         handles = [SimpleNamespace(index=i) for i in range(len(self.gpus))]
 
         def init() -> None:
@@ -138,30 +146,32 @@ class FakeNvml:
                 raise ERRORS["Uninitialized"]()
             return len(self.gpus)
 
-        m.nvmlInit = init
-        m.nvmlShutdown = shutdown
-        m.nvmlDeviceGetCount = count
-        m.nvmlDeviceGetHandleByIndex = lambda i: handles[i]
-        m.nvmlDeviceGetIndex = lambda h: h.index
-        m.nvmlDeviceGetUUID = lambda h: self._gpu(h, "nvmlDeviceGetUUID").uuid
-        m.nvmlDeviceGetName = lambda h: self._gpu(h, "nvmlDeviceGetName").name.encode()
-        m.nvmlSystemGetDriverVersion = lambda: "550.54.15"
-        m.nvmlSystemGetNVMLVersion = lambda: "12.550.54.15"
-        m.nvmlSystemGetCudaDriverVersion = lambda: 12040
-        m.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(
-            total=(g := self._gpu(h, "nvmlDeviceGetMemoryInfo")).memory_total,
-            used=g.memory_used, free=g.memory_total - g.memory_used)
-        m.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(
-            gpu=(g := self._gpu(h, "nvmlDeviceGetUtilizationRates")).util_gpu, memory=g.util_memory)
-        m.nvmlDeviceGetTemperature = lambda h, sensor: self._gpu(
-            h, "nvmlDeviceGetTemperature").temperature
-        m.nvmlDeviceGetPowerUsage = lambda h: self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
-        m.nvmlDeviceGetEnforcedPowerLimit = lambda h: self._gpu(
-            h, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
-        m.nvmlDeviceGetEccMode = ecc_mode
-        m.nvmlDeviceGetTotalEccErrors = ecc_errors
-        m.nvmlEventSetCreate = lambda: "event-set"
-        m.nvmlDeviceRegisterEvents = register
-        m.nvmlEventSetWait = wait
-        m.nvmlEventSetFree = lambda event_set: None
+        names.update(
+            nvmlInit=init,
+            nvmlShutdown=shutdown,
+            nvmlDeviceGetCount=count,
+            nvmlDeviceGetHandleByIndex=lambda i: handles[i],
+            nvmlDeviceGetIndex=lambda h: h.index,
+            nvmlDeviceGetUUID=lambda h: self._gpu(h, "nvmlDeviceGetUUID").uuid,
+            nvmlDeviceGetName=lambda h: self._gpu(h, "nvmlDeviceGetName").name.encode(),
+            nvmlSystemGetDriverVersion=lambda: "550.54.15",
+            nvmlSystemGetNVMLVersion=lambda: "12.550.54.15",
+            nvmlSystemGetCudaDriverVersion=lambda: 12040,
+            nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(
+                total=(g := self._gpu(h, "nvmlDeviceGetMemoryInfo")).memory_total,
+                used=g.memory_used, free=g.memory_total - g.memory_used),
+            nvmlDeviceGetUtilizationRates=lambda h: SimpleNamespace(
+                gpu=(g := self._gpu(h, "nvmlDeviceGetUtilizationRates")).util_gpu, memory=g.util_memory),
+            nvmlDeviceGetTemperature=lambda h, sensor: self._gpu(
+                h, "nvmlDeviceGetTemperature").temperature,
+            nvmlDeviceGetPowerUsage=lambda h: self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw,
+            nvmlDeviceGetEnforcedPowerLimit=lambda h: self._gpu(
+                h, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw,
+            nvmlDeviceGetEccMode=ecc_mode,
+            nvmlDeviceGetTotalEccErrors=ecc_errors,
+            nvmlEventSetCreate=lambda: "event-set",
+            nvmlDeviceRegisterEvents=register,
+            nvmlEventSetWait=wait,
+            nvmlEventSetFree=lambda event_set: None,
+        )
         return m
