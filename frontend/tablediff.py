@@ -9,6 +9,7 @@ pretty-printed tables backs it up for anything else.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,9 +61,18 @@ def _replicas(table: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _masked(rules: Mapping[str, Any]) -> dict[str, Any]:
+    """A tenant's rules with its prefix-cache salt (a secret: edge/cache_salt.py) shown as
+    a short digest, enough to see that it changed."""
+    salt = rules.get("cache_salt")
+    if not isinstance(salt, str):
+        return dict(rules)
+    return {**rules, "cache_salt": "sha256:" + hashlib.sha256(salt.encode()).hexdigest()[:8]}
+
+
 def _tenants(table: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     # Key hashes are secrets' digests: show a short prefix, enough to tell keys apart.
-    return {digest: {"key": digest[:12] + "…", **rules}
+    return {digest: {"key": digest[:12] + "…", **_masked(rules)}
             for digest, rules in (table.get("tenants") or {}).items()}
 
 
@@ -89,6 +99,8 @@ def _settings(table: Mapping[str, Any]) -> dict[str, Any]:
 
 def _pretty(table: Mapping[str, Any]) -> list[str]:
     stable = {k: v for k, v in table.items() if k not in VOLATILE}
+    if isinstance(stable.get("tenants"), Mapping):
+        stable["tenants"] = {k: _masked(v) for k, v in stable["tenants"].items()}
     return json.dumps(stable, indent=1, sort_keys=True).splitlines()
 
 

@@ -120,6 +120,17 @@ def test_table_diff_names_replicas_tenants_and_policy_that_changed():
     assert any(line.startswith("+") and "r-3" in line for line in diff.lines)
 
 
+def test_a_tenants_cache_salt_shows_as_a_digest_only():
+    older = {"models": {}, "tenants": {"f" * 64: {"tenant": "acme", "cache_salt": "A" * 43}}}
+    newer = {"models": {}, "tenants": {"f" * 64: {"tenant": "acme", "cache_salt": "B" * 43}}}
+    diff = diff_tables(older, newer)
+    [tenant] = diff.tenants_changed
+    [change] = tenant.fields
+    assert change.name == "cache_salt" and change.before != change.after
+    assert str(change.before).startswith("sha256:")
+    assert not any("A" * 43 in line or "B" * 43 in line for line in diff.lines)
+
+
 def test_tables_that_differ_only_in_version_and_signature_are_unchanged():
     table = {"version": 1, "issued_at": "x", "signature": "s", "models": {}, "tenants": {}}
     diff = diff_tables(table, {**table, "version": 2, "issued_at": "y", "signature": "t"})
