@@ -42,6 +42,11 @@ BATCH_KEY_SECRET = env_secret("MERIDIAN_BATCH_KEY_SECRET", LAB,
                               "lab-only-insecure-batch-key-secret-set-MERIDIAN_BATCH_KEY_SECRET")
 if BATCH_KEY_SECRET == SECRET_KEY:
     raise ImproperlyConfigured("MERIDIAN_BATCH_KEY_SECRET must differ from SECRET_KEY")
+# mTLS between edges and engines (controlplane/core/certificates.py): replicas start with a
+# server certificate from the engine CA and demand client certificates. Off only where a test
+# runs fake engines on plain HTTP (MERIDIAN_ENGINE_TLS=0, set by the pytest plugin; the lab
+# itself always runs with it on).
+ENGINE_TLS = env_bool("MERIDIAN_ENGINE_TLS", True)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # HTTPS outside the lab: secure cookies, HSTS, a redirect from plain HTTP. Behind a proxy that

@@ -231,6 +231,18 @@ def renew_due(now: datetime | None = None) -> list[str]:
     return renewed
 
 
+def replica_tls_name(replica_id: str) -> str:
+    """The DNS-style name every replica's server certificate carries, whatever its address
+    (unknown before a cloud node is up): what edges check (the table's `tls_name`)."""
+    return f"{replica_id}.replicas.meridian"
+
+
+def engine_client_context() -> ssl.SSLContext | None:
+    """The control plane's client context for engines, or None where engines run without
+    mTLS (settings.ENGINE_TLS off: tests with fake engines only)."""
+    return client_context() if settings.ENGINE_TLS else None
+
+
 def client_context(subject: str = CONTROL_PLANE_SUBJECT,
                    directory: Path | None = None) -> ssl.SSLContext:
     """A TLS client context that trusts the engine CA and presents `subject`'s client

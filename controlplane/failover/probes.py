@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 
 import aiohttp
@@ -25,16 +26,20 @@ async def _probe(session: aiohttp.ClientSession, url: str, timeout_s: float) -> 
         return Probe(False, detail=f"/health failed: {type(exc).__name__}: {exc}"[:300])
 
 
-async def _probe_all(targets: Mapping[int, str], timeout_s: float) -> dict[int, Probe]:
-    connector = aiohttp.TCPConnector(limit=256, force_close=True)
+async def _probe_all(targets: Mapping[int, str], timeout_s: float,
+                     context: ssl.SSLContext | None) -> dict[int, Probe]:
+    connector = aiohttp.TCPConnector(limit=256, force_close=True,
+                                     ssl=context if context is not None else True)
     async with aiohttp.ClientSession(connector=connector) as session:
         ids = list(targets)
         results = await asyncio.gather(*(_probe(session, targets[i], timeout_s) for i in ids))
     return dict(zip(ids, results, strict=True))
 
 
-def probe_all(targets: Mapping[int, str], timeout_s: float = PROBE_TIMEOUT_S) -> dict[int, Probe]:
-    """Probe every replica id → base URL; one answer each."""
+def probe_all(targets: Mapping[int, str], timeout_s: float = PROBE_TIMEOUT_S,
+              context: ssl.SSLContext | None = None) -> dict[int, Probe]:
+    """Probe every replica id → base URL; one answer each. `context`: the control plane's
+    client certificate, for engines that demand one."""
     if not targets:
         return {}
-    return asyncio.run(_probe_all(targets, timeout_s))
+    return asyncio.run(_probe_all(targets, timeout_s, context))

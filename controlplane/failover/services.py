@@ -27,6 +27,7 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from controlplane.core.certificates import engine_client_context
 from controlplane.core.services import record_audit
 from controlplane.core.status import redis_client
 from controlplane.deployments.lifecycle import (
@@ -102,7 +103,8 @@ def probe_and_fail(report: WatchReport) -> list[Replica]:
     replicas = {r.pk: r for r in Replica.objects.filter(state__in=SERVING_STATES).exclude(url="")
                 .select_related("deployment", "region__cloud")}
     report.probed = len(replicas)
-    probes = probe_all({pk: r.url for pk, r in replicas.items()})
+    probes = probe_all({pk: r.url for pk, r in replicas.items()},
+                       context=engine_client_context() if replicas else None)
     cut_off = cut_off_regions((replicas[pk].region_id, probe) for pk, probe in probes.items())
     cache = redis_client()
     failed = []

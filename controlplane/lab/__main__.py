@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         say("  created the database")
     import django
 
+    # The lab's data plane runs as production's does: mTLS between edges and engines, from
+    # an engine CA of its own under var/keys (whatever the environment said).
+    os.environ["MERIDIAN_ENGINE_TLS"] = "1"
+    os.environ["MERIDIAN_CA_DIR"] = str(args.var_dir / "keys")
     django.setup()
     say("migrating, seeding the catalog and schedules, collecting static files")
     creds = prepare(args.var_dir)
@@ -92,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.routing.edge_secrets import default_key_path, generate_key_file
 
     generate_key_file(default_key_path())
+    from controlplane.core import certificates
+
+    if not (certificates.ca_dir() / certificates.CA_KEY_FILE).exists():
+        certificates.generate_ca_files(certificates.ca_dir())
+        say(f"  generated the engine CA in {certificates.ca_dir()}")
+    # Prometheus scrapes engines with a client certificate of its own (renewed in place).
+    certificates.ensure_installed("scraper:prometheus", "client", "prometheus", [],
+                                  args.var_dir / "prometheus" / "tls")
 
     group = ProcessGroup(log_dir=args.var_dir / "lab" / "logs", env=dict(os.environ))
     guard = None
@@ -198,6 +210,7 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
         from controlplane.lab.fleet import (
             FLEETS,
             edge_argv,
+            edge_certificate,
             ensure_fleet,
             lab_edges,
             stop_local_replicas,
@@ -217,7 +230,8 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
         token_file = args.var_dir / "lab" / "admin-token"
         for edge in edges:
             group.start(edge.name, edge_argv(python, edge, args.var_dir,
-                                             key_file.with_suffix(".pub.pem"), base, token_file))
+                                             key_file.with_suffix(".pub.pem"), base, token_file,
+                                             tls=edge_certificate(edge, args.var_dir)))
     _print_banner(f"""
   Meridian lab is up.
     Dashboard   {base}/            (login: {creds.username} / {creds.password})

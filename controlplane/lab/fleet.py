@@ -13,6 +13,7 @@ from pathlib import Path
 
 from django.db import close_old_connections, transaction
 
+from controlplane.core import certificates
 from controlplane.core.models import Tenant
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Model, Replica
@@ -132,15 +133,28 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
     return deployment
 
 
+def edge_certificate(edge: LabEdge, var_dir: Path) -> Path:
+    """The edge's client certificate for engines, from the engine CA, in its own directory
+    (renewed there by core.renew_certificates; the edge re-reads it)."""
+    directory = var_dir / "lab" / "edges" / edge.name / "tls"
+    certificates.ensure_installed(f"edge:{edge.name}", "client", edge.name, [], directory)
+    return directory
+
+
 def edge_argv(python: str, edge: LabEdge, var_dir: Path, public_key: Path,
-              control_plane: str, token_file: Path) -> list[str]:
+              control_plane: str, token_file: Path, tls: Path | None = None) -> list[str]:
+    """`python -m edge` for a lab edge: mTLS to engines with the files in `tls`, or plain
+    HTTP (--plain-upstream, tests' fake engines only) without them."""
+    upstream = (["--upstream-cert", str(tls / "cert.pem"), "--upstream-key",
+                 str(tls / "key.pem"), "--upstream-ca", str(tls / "ca.pem")]
+                if tls is not None else ["--plain-upstream"])
     return [
         python, "-m", "edge", "--name", edge.name, "--region", edge.region,
         "--listen", f"127.0.0.1:{edge.port}", "--admin-listen", f"127.0.0.1:{edge.admin_port}",
         "--state-dir", str(var_dir / "lab" / "edges" / edge.name),
         "--admin-secret-file", str(admin_secret_path(var_dir, edge.name)),
         "--public-key", str(public_key), "--control-plane", control_plane,
-        "--control-plane-token-file", str(token_file),
+        "--control-plane-token-file", str(token_file), *upstream,
     ]
 
 

@@ -7,3 +7,7 @@ mode is tested on purpose, in subprocesses with MERIDIAN_LAB=0
 import os
 
 os.environ.setdefault("MERIDIAN_LAB", "1")
+# Tests' fake engines and lab pieces speak plain HTTP unless a test turns mTLS on itself
+# (tests/provisioning/test_engine_tls.py, tests/contract/test_real_engine_mtls.py); the lab
+# (`python -m controlplane.lab`) always turns it on.
+os.environ.setdefault("MERIDIAN_ENGINE_TLS", "0")

@@ -52,6 +52,13 @@ class ReplicaSpec:
     api_key_env: str = "MERIDIAN_ENGINE_API_KEY"
     vllm_version: str = DEFAULT_VLLM_VERSION
     env: dict[str, str] = field(default_factory=dict)
+    # The replica's own engine API key (core/engine_keys.py): the engine reads it from
+    # VLLM_API_KEY in its environment, never from its command line. "" falls back to the
+    # secret named by api_key_env.
+    engine_key: str = ""
+    # mTLS (core/certificates.py): the directory holding the replica's server certificate,
+    # key and the CA (cert.pem, key.pem, ca.pem); "" runs the engine on plain HTTP (tests).
+    tls_dir: str = ""
 
 
 @dataclass(frozen=True)

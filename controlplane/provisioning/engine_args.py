@@ -49,6 +49,17 @@ def kv_offload(spec: ReplicaSpec) -> dict[str, Any] | None:
     return {"size_gib": int(size) if float(size).is_integer() else size, "backend": backend}
 
 
+def tls_args(directory: str) -> list[str]:
+    """vLLM's mTLS flags (uvicorn's): serve HTTPS with the replica's certificate, demand a
+    client certificate from the engine CA on every path (`--ssl-cert-reqs 2`, the ssl
+    module's CERT_REQUIRED), and reload the files when renewal rewrites them. enginesim
+    takes the same flags."""
+    path = directory.rstrip("/")
+    return ["--ssl-keyfile", f"{path}/key.pem", "--ssl-certfile", f"{path}/cert.pem",
+            "--ssl-ca-certs", f"{path}/ca.pem", "--ssl-cert-reqs", "2",
+            "--enable-ssl-refresh"]
+
+
 def vllm_serve_args(spec: ReplicaSpec, host: str, port: int) -> list[str]:
     """Everything `vllm serve <model>` is given after the model (but the API key, which each
     provider passes its own way so that it is never written into a file)."""

@@ -24,11 +24,12 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,7 +44,7 @@ from controlplane.provisioning.base import (
     ProviderStatus,
     ReplicaSpec,
 )
-from controlplane.provisioning.engine_args import ENGINE_KINDS, vllm_serve_args
+from controlplane.provisioning.engine_args import ENGINE_KINDS, tls_args, vllm_serve_args
 from regions.geo import great_circle_km, one_way_ms
 
 # Added to every one-way delay: a relay hop and a router or two even between neighbours.
@@ -238,7 +239,8 @@ class LocalProvider:
                  engine: str | None = None,
                  gpu: str = "H100", host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S,
                  fixed_one_way_ms: float = FIXED_ONE_WAY_MS,
-                 netns: Mapping[str, RegionNamespace] | None = None) -> None:
+                 netns: Mapping[str, RegionNamespace] | None = None,
+                 tls_client: Callable[[], ssl.SSLContext] | None = None) -> None:
         # None: each replica runs the engine its spec names; a kind here overrides every spec.
         if engine not in (None, *ENGINE_KINDS):
             raise ValueError(f"engine must be None or one of {ENGINE_KINDS}, not {engine!r}")
@@ -259,6 +261,13 @@ class LocalProvider:
         self.grace_s = grace_s
         self.fixed_one_way_ms = fixed_one_way_ms
         self.netns = {self._aliases.get(k, k): v for k, v in (netns or {}).items()}
+        # The control plane's client certificate, for /health of engines that demand one.
+        self.tls_client = tls_client
+
+    def engine_hosts(self) -> list[str]:
+        """Every address a replica's engine and relays may listen on: what its server
+        certificate names."""
+        return sorted({self.host, *(ns.address for ns in self.netns.values())})
 
     # -- records ----------------------------------------------------------------------------
     def _record_path(self, replica_id: str) -> Path:
@@ -324,13 +333,14 @@ class LocalProvider:
     def engine_argv(self, spec: ReplicaSpec, port: int, kind: str | None = None,
                     host: str | None = None) -> list[str]:
         host = host or self.host
+        tls = tls_args(spec.tls_dir) if spec.tls_dir else []
         if (kind or self.engine_kind(spec)) == "vllm":
             return [*self.vllm_command(), local_model(spec.model),
-                    *vllm_serve_args(spec, host, port)]
+                    *vllm_serve_args(spec, host, port), *tls]
         return [self.python, "-m", "enginesim", "--host", host, "--port", str(port),
                 "--model", spec.model, "--served-model-name", spec.served_model_name,
                 "--profile", spec.engine_profile, "--max-model-len", str(spec.max_model_len),
-                "--enable-prompt-tokens-details", "--enable-scale-out"]
+                "--enable-prompt-tokens-details", "--enable-scale-out", *tls]
 
     def engine_env(self, argv: list[str]) -> dict[str, str]:
         """A CPU engine's OpenMP threads go to the core the fewest running CPU engines use."""
@@ -404,13 +414,14 @@ class LocalProvider:
         port = free_port(self.host)
         argv = self.engine_argv(spec, port, kind, host)
         relay_ports = {code: free_port(self.host) for code in delays}
+        scheme = "https" if spec.tls_dir else "http"
         record: dict[str, Any] = {
             "replica_id": spec.replica_id, "region": region, "engine": kind,
             "served_model_name": spec.served_model_name, "port": port,
             "host": host, "netns": namespace.name if namespace else None,
-            "url": f"http://{host}:{port}",
+            "url": f"{scheme}://{host}:{port}",
             "relay_ports": relay_ports, "delays_ms": delays,
-            "urls_by_region": {c: f"http://{host}:{p}" for c, p in relay_ports.items()},
+            "urls_by_region": {c: f"{scheme}://{host}:{p}" for c, p in relay_ports.items()},
             "log": str(self.log_path(spec.replica_id)),
             "started_at": datetime.now(UTC).isoformat(),
             "pid": None, "cmdline": argv, "relay_pid": None, "relay_cmdline": None,
@@ -423,7 +434,9 @@ class LocalProvider:
             record["core"] = (int(engine_env["VLLM_CPU_OMP_THREADS_BIND"]) if engine_env
                               else None)
             self._write_record(record)
-        engine = self._spawn(argv, spec.replica_id, {**spec.env, **engine_env},
+        # The engine key by environment (vLLM reads VLLM_API_KEY), never on the command line.
+        key_env = {"VLLM_API_KEY": spec.engine_key} if spec.engine_key else {}
+        engine = self._spawn(argv, spec.replica_id, {**spec.env, **engine_env, **key_env},
                              netns=record["netns"])
         record.update(pid=engine.pid, pid_started=process_started(engine.pid))
         self._write_record(record)
@@ -452,7 +465,10 @@ class LocalProvider:
         if not runs(record, "relay_"):
             return ProviderStatus("failed", f"network relay {relay} exited", error_kind="other")
         try:
-            with urllib.request.urlopen(record["url"] + "/health", timeout=1.0) as response:
+            context = (self.tls_client() if self.tls_client is not None
+                       and str(record["url"]).startswith("https:") else None)
+            with urllib.request.urlopen(record["url"] + "/health", timeout=1.0,
+                                        context=context) as response:
                 healthy = response.status == 200
         except OSError as exc:
             return ProviderStatus("starting", f"engine not answering yet: {exc}")

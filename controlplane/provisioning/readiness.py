@@ -6,6 +6,7 @@ Works against vLLM's OpenAI server and enginesim alike; nothing here is simulato
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,16 +19,18 @@ class Readiness:
 
 
 def engine_readiness(base_url: str, served_model_name: str, timeout_s: float = 2.0,
-                     api_key: str | None = None) -> Readiness:
+                     api_key: str | None = None,
+                     context: ssl.SSLContext | None = None) -> Readiness:
+    """`context`: the control plane's client certificate, for an engine that demands one."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     base = base_url.rstrip("/")
     try:
         request = urllib.request.Request(f"{base}/health", headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             if response.status != 200:
                 return Readiness(False, f"/health answered {response.status}")
         request = urllib.request.Request(f"{base}/v1/models", headers=headers)
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             body = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return Readiness(False, f"{exc.url} answered {exc.code}")

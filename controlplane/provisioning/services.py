@@ -8,7 +8,6 @@ twice at once: the loser of a race gets IllegalTransition and stops.
 from __future__ import annotations
 
 import logging
-import os
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -17,12 +16,15 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from controlplane.core import certificates
+from controlplane.core.engine_keys import engine_key
 from controlplane.core.services import record_audit
 from controlplane.deployments.lifecycle import LIVE_STATES, IllegalTransition, transition
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import engine_args_of
 from controlplane.deployments.shape import replica_nodes
+from controlplane.provisioning import engine_tls
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.local import LocalProvider, parse_netns
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
@@ -78,7 +80,9 @@ def set_provider(name: str, provider: Provider | None) -> None:
 
 def _build_provider(name: str) -> Provider:
     if name == "local":
-        return LocalProvider(**local_provider_config())
+        return LocalProvider(**local_provider_config(),
+                             tls_client=certificates.client_context if settings.ENGINE_TLS
+                             else None)
     if name == "skypilot":
         return SkyPilotProvider()
     raise ProviderError("invalid", f"unknown provider {name!r}")
@@ -192,9 +196,11 @@ def launch(replica_id: int) -> Replica | None:
     ).get(pk=replica_id)
     recorder = start_operation(OperationKind.LAUNCH, replica.provider, replica)
     try:
-        spec = spec_for(replica)
-        recorder.note(f"launching {spec.served_model_name} in {replica.region.key}")
-        handle = get_provider(replica.provider).launch(spec)
+        provider = get_provider(replica.provider)
+        spec = engine_tls.secure(spec_for(replica), provider)
+        recorder.note(f"launching {spec.served_model_name} in {replica.region.key}"
+                      + (" with mTLS" if spec.tls_dir else ""))
+        handle = provider.launch(spec)
     except ProviderError as exc:
         recorder.note(f"provider refused: {exc}")
         recorder.finish(False, exc.kind)
@@ -263,9 +269,11 @@ def _check(replica_id: int) -> str:
     url = provider.endpoint(handle) or ""
     if replica.state == S.PROVISIONING:
         replica = transition(replica, S.STARTING, actor=SYSTEM, reason="node running", url=url)
-    # Engines started with --api-key (SkyPilot replicas) guard /v1/*; /health stays open.
+    # Each engine guards /v1/* with its own key; with mTLS every path wants the control
+    # plane's client certificate.
     readiness = engine_readiness(url, replica.deployment.served_model_name,
-                                 api_key=os.environ.get("MERIDIAN_ENGINE_API_KEY") or None)
+                                 api_key=engine_key(replica.public_id),
+                                 context=engine_tls.client_context())
     if not readiness.ready:
         return S.STARTING
     transition(replica, S.READY, actor=SYSTEM, reason=readiness.detail)
@@ -311,7 +319,8 @@ def finish_drain(replica_id: int, reason: str, deadline_s: float) -> str:
         return "left"
     if (timezone.now() - replica.state_changed_at).total_seconds() >= deadline_s:
         return "left"
-    scrape = scrape_all({str(replica_id): replica.url}, timeout_s=1.0)[str(replica_id)]
+    scrape = scrape_all({str(replica_id): replica.url}, timeout_s=1.0,
+                        context=engine_tls.client_context())[str(replica_id)]
     if scrape.snapshot is None:
         return "left"
     in_flight = scrape.snapshot.running + scrape.snapshot.waiting

@@ -17,13 +17,23 @@ import jinja2
 import yaml
 
 from controlplane.provisioning.base import ProviderError, ReplicaSpec
-from controlplane.provisioning.engine_args import kv_offload, kv_transfer_config, vllm_serve_args
+from controlplane.provisioning.engine_args import (
+    kv_offload,
+    kv_transfer_config,
+    tls_args,
+    vllm_serve_args,
+)
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "infra" / "skypilot" / "replica.yaml.j2"
 CLUSTER_PREFIX = "mrd-"
 RAY_PORT = 6379
 # Secrets the template declares without a value; filled in at launch from os.environ.
 OPTIONAL_SECRETS = ("HF_TOKEN",)
+# What the engine reads its key from, and the mTLS material's secrets (PEM text).
+ENGINE_KEY_SECRET = "VLLM_API_KEY"
+TLS_SECRETS = ("MERIDIAN_TLS_CERT", "MERIDIAN_TLS_KEY", "MERIDIAN_TLS_CA")
+# Where the run script writes them, relative to the task's working directory.
+REMOTE_TLS_DIR = ".meridian-tls"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+){1,3}([a-z0-9.+-]*)$")
@@ -69,7 +79,8 @@ def check_spec(spec: ReplicaSpec) -> None:
     if not _VERSION.fullmatch(spec.vllm_version or ""):
         problems.append(f"vllm_version {spec.vllm_version!r} is not a pinned version")
     for key in spec.env:
-        if not _ENV_NAME.fullmatch(key) or key in (spec.api_key_env, *OPTIONAL_SECRETS):
+        if not _ENV_NAME.fullmatch(key) or key in (spec.api_key_env, ENGINE_KEY_SECRET,
+                                                   *TLS_SECRETS, *OPTIONAL_SECRETS):
             problems.append(f"env {key!r} is not allowed (bad name, or a secret)")
     if not problems:
         world = spec.tensor_parallel * spec.pipeline_parallel
@@ -109,8 +120,10 @@ def render_replica_task(spec: ReplicaSpec) -> str:
         accelerator=spec.accelerator, gpus_per_node=spec.gpus_per_node, nodes=spec.nodes,
         use_spot=spec.use_spot, disk_gb=spec.disk_gb, port=spec.port,
         vllm_version=spec.vllm_version, env=sorted(spec.env.items()),
-        api_key_env=spec.api_key_env, pip_packages=pips, ray_port=RAY_PORT, model=spec.model,
-        vllm_args=vllm_serve_args(spec, "0.0.0.0", spec.port),
+        pip_packages=pips, ray_port=RAY_PORT, model=spec.model,
+        tls=bool(spec.tls_dir), tls_dir=REMOTE_TLS_DIR,
+        vllm_args=[*vllm_serve_args(spec, "0.0.0.0", spec.port),
+                   *(tls_args(REMOTE_TLS_DIR) if spec.tls_dir else [])],
     )
 
 

@@ -51,6 +51,10 @@ class ReplicaView:
     # A shared deployment that lets tenants share its prefix cache: requests to it carry
     # no tenant cache_salt (edge/cache_salt.py).
     shared_prefix_cache: bool = False
+    # The replica's own engine API key (core/engine_keys.py), and the name its server
+    # certificate carries, which edges check instead of the URL's host (core/certificates).
+    engine_key: str = ""
+    tls_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,10 @@ def replica_entry(edge: EdgeView, replica: ReplicaView) -> dict[str, Any]:
         entry["revision"] = replica.revision
     if replica.shared_prefix_cache and replica.tenant is None:
         entry["shared_prefix_cache"] = True
+    if replica.engine_key:
+        entry["engine_key"] = replica.engine_key
+    if replica.tls_name:
+        entry["tls_name"] = replica.tls_name
     return entry
 
 
@@ -123,6 +131,7 @@ def compile_table(
     key_id: str,
     batch_pools: Mapping[str, Iterable[str | None]] | None = None,
     revoked_keys: Iterable[str] = (),
+    revoked_certificates: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The unsigned table for `edge`; sign it with routing.signing.sign_table.
 
@@ -172,7 +181,11 @@ def compile_table(
         }
         for key in keys
     }
+    certificates = sorted(revoked_certificates)
     return {
+        # Engine-CA certificates revoked and not yet expired: edges neither present nor
+        # accept them (edge/upstream_tls.py).
+        **({"revoked_certificates": certificates} if certificates else {}),
         "version": version,
         "issued_at": issued_at,
         "edge": edge.name,

@@ -16,6 +16,8 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Field, Prefetch, Q, Value, When
 from django.utils import timezone
 
+from controlplane.core import certificates
+from controlplane.core.engine_keys import engine_key
 from controlplane.core.locks import advisory_lock
 from controlplane.core.models import ApiKey, Tenant, Tier
 from controlplane.core.services import record_audit
@@ -105,6 +107,9 @@ def replica_views() -> list[compiler.ReplicaView]:
             tier=replica.deployment.tier,
             tenant=replica.deployment.tenant.name if replica.deployment.tenant is not None else None,
             shared_prefix_cache=replica.deployment.shared_prefix_cache,
+            engine_key=engine_key(replica.public_id),
+            tls_name=(certificates.replica_tls_name(replica.public_id)
+                      if replica.url.startswith("https:") else ""),
             **revision_fields(replica),
         ))
     return views
@@ -189,6 +194,7 @@ def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> 
         return []
     replicas, keys, policy = replica_views(), key_views(), policy_view(current_policy())
     pools, revoked = batch_pools(), revoked_key_hashes()
+    revoked_certificates = certificates.revoked_serials()
     model_owners, replica_owners = owners()
     latest = {t.edge_id: t for t in _latest_tables([e.pk for e in edges])}
     version = next_version()
@@ -200,6 +206,7 @@ def compile_tables(edges: Iterable[Edge] | None = None, force: bool = False) -> 
         table = compiler.compile_table(
             edge_view(edge), replicas, keys, policy, version=version, issued_at=issued_at,
             key_id=kid, batch_pools=pools, revoked_keys=revoked,
+            revoked_certificates=revoked_certificates,
         )
         # Parsed with the edge's own parser before it is signed: what it would refuse is
         # left out (and alerted on), never the whole table.

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
+from controlplane.core.certificates import engine_client_context
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -36,7 +37,8 @@ def collect(now: Any = None) -> int:
     """Scrape every replica once and store a sample each; returns how many were up."""
     now = now or timezone.now()
     targets = scrape_targets()
-    results = scrape_all({str(pk): url for pk, url in targets.items()})
+    results = scrape_all({str(pk): url for pk, url in targets.items()},
+                         context=engine_client_context() if targets else None)
     samples = []
     for key, scrape in results.items():
         snap = scrape.snapshot
@@ -180,12 +182,18 @@ def write_prometheus_targets(directory: Path | None = None) -> Path:
                     "region": r.region.key}}
         for r in replicas
     ]
+    # https replicas (mTLS) go to the job that scrapes with a client certificate; plain
+    # ones (tests with MERIDIAN_ENGINE_TLS=0 only) to the plain job.
+    urls = [r.url for r in replicas]
+    plain = [g for g, url in zip(groups, urls, strict=True) if not url.startswith("https:")]
+    groups = [g for g, url in zip(groups, urls, strict=True) if url.startswith("https:")]
     edges = [
         {"targets": [e.admin_url.split("://", 1)[-1].rstrip("/")],
          "labels": {"edge": e.name, "region": e.region.key}}
         for e in Edge.objects.filter(enabled=True).select_related("region__cloud")
     ]
-    for name, content in (("replicas.json", groups), ("edges.json", edges)):
+    for name, content in (("replicas.json", groups), ("replicas-plain.json", plain),
+                          ("edges.json", edges)):
         path = directory / name
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(content, indent=1))

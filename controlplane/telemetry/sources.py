@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -61,8 +62,10 @@ async def _scrape_one(session: aiohttp.ClientSession, url: str, timeout_s: float
 
 
 async def scrape_all_async(targets: Mapping[str, str], timeout_s: float = 2.0,
-                           parse: Parser = parse_engine_metrics) -> dict[str, Scrape]:
-    async with aiohttp.ClientSession() as session:
+                           parse: Parser = parse_engine_metrics,
+                           context: ssl.SSLContext | None = None) -> dict[str, Scrape]:
+    connector = aiohttp.TCPConnector(ssl=context) if context is not None else None
+    async with aiohttp.ClientSession(connector=connector) as session:
         ids = list(targets)
         results = await asyncio.gather(
             *(_scrape_one(session, targets[i], timeout_s, parse) for i in ids))
@@ -70,10 +73,12 @@ async def scrape_all_async(targets: Mapping[str, str], timeout_s: float = 2.0,
 
 
 def scrape_all(targets: Mapping[str, str], timeout_s: float = 2.0,
-               parse: Parser = parse_engine_metrics) -> dict[str, Scrape]:
+               parse: Parser = parse_engine_metrics,
+               context: ssl.SSLContext | None = None) -> dict[str, Scrape]:
+    """`context`: a client certificate, for engines that demand one (mTLS)."""
     if not targets:
         return {}
-    return asyncio.run(scrape_all_async(targets, timeout_s, parse))
+    return asyncio.run(scrape_all_async(targets, timeout_s, parse, context))
 
 
 class PrometheusUnavailable(RuntimeError):

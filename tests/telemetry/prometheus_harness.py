@@ -139,7 +139,9 @@ def write_config(home: Path, engines: list[ScrapedEngine]) -> Path:
     (home / "targets").mkdir(parents=True, exist_ok=True)
     groups = [{"targets": [e.target], "labels": {"replica": e.replica, "deployment": "chat",
                                                  "region": "local:lab"}} for e in engines]
-    (home / "targets" / "replicas.json").write_text(json.dumps(groups))
+    # Plain HTTP engines (no mTLS here): the plain job, counted as meridian-replicas.
+    (home / "targets" / "replicas-plain.json").write_text(json.dumps(groups))
+    (home / "targets" / "replicas.json").write_text("[]")
     (home / "targets" / "edges.json").write_text("[]")
     path = home / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))

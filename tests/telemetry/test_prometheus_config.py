@@ -15,7 +15,14 @@ def test_the_config_reads_the_target_files_the_control_plane_writes() -> None:
     config = yaml.safe_load(CONFIG.read_text())
     files = {job["job_name"]: job["file_sd_configs"][0]["files"] for job in config["scrape_configs"]}
     assert files == {"meridian-replicas": ["targets/replicas.json"],
+                     "meridian-replicas-plain": ["targets/replicas-plain.json"],
                      "meridian-edges": ["targets/edges.json"]}
+    # Replicas are scraped with a client certificate; plain ones count as the same job.
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["meridian-replicas"]["scheme"] == "https"
+    assert set(jobs["meridian-replicas"]["tls_config"]) == {"ca_file", "cert_file", "key_file"}
+    assert jobs["meridian-replicas-plain"]["relabel_configs"] == [
+        {"target_label": "job", "replacement": "meridian-replicas"}]
     # The named queries select the replicas' job by this name.
     from controlplane.telemetry.queries import QUERIES
 
@@ -46,7 +53,11 @@ def test_targets_written_beside_the_copied_config_carry_the_labels_queries_use( 
     d = Deployment.objects.create(name="chat", served_model_name="m", model=catalog["llama8b"])
     Replica.objects.create(deployment=d, region=catalog["fra"], state=S.READY,
                            url="http://127.0.0.1:8001")
+    Replica.objects.create(deployment=d, region=catalog["fra"], state=S.READY,
+                           url="https://127.0.0.1:8002")
     written = write_prometheus_targets(tmp_path / "targets")
     (group,) = json.loads((written / "replicas.json").read_text())
-    assert group["targets"] == ["127.0.0.1:8001"]
+    assert group["targets"] == ["127.0.0.1:8002"]
+    (plain,) = json.loads((written / "replicas-plain.json").read_text())
+    assert plain["targets"] == ["127.0.0.1:8001"]
     assert set(group["labels"]) == {"replica", "deployment", "region"}
