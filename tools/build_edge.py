@@ -2,6 +2,11 @@
 
     python tools/build_edge.py            # build (about 35 s on 2 cores)
     python tools/build_edge.py --clean    # remove the build; the edge runs from source
+    python tools/build_edge.py --no-cache # compile even if ~/.cache/meridian/edge has it
+
+A build is kept per machine in `~/.cache/meridian/edge/<key>` (MERIDIAN_CACHE_DIR), keyed by
+the SHA-256 of every source, the compiler and Python: another clone of the same sources
+copies it (and checks it, as any build) instead of compiling again.
 
 The modules are those in `edge.native.COMPILED`. The build is made in a temporary directory
 and swapped in whole (a rename), with a stamp holding the SHA-256 of every source of the
@@ -18,10 +23,12 @@ builds again.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -75,13 +82,60 @@ def compiler_version() -> str:
     return f"mypyc {version('mypy')}"
 
 
-def build(jobs: int) -> str:
+def cache_dir(digests: dict[str, str]) -> Path:
+    """Where this machine keeps the build of exactly these sources with this compiler and
+    Python (like `make engine`'s cache): a second clone of the same commit copies it instead
+    of compiling for a minute."""
+    base = Path(os.environ.get("MERIDIAN_CACHE_DIR") or Path.home() / ".cache" / "meridian")
+    key = hashlib.sha256(json.dumps(
+        [sorted(digests.items()), compiler_version(), sys.version, sysconfig.get_platform(),
+         native.EXTENSION_SUFFIX]).encode()).hexdigest()[:32]
+    return base / "edge" / key
+
+
+def from_cache(cached: Path, new_dir: Path) -> bool:
+    names = native.binary_names()
+    if not all((cached / name).is_file() for name in names):
+        return False
+    for name in names:
+        shutil.copy2(cached / name, new_dir / name)
+    return True
+
+
+def save_to_cache(new_dir: Path, cached: Path) -> None:
+    """Best effort: a full or read-only cache only means the next clone compiles again."""
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".new-", dir=cached.parent))
+    except OSError:
+        return
+    try:
+        for name in native.binary_names():
+            shutil.copy2(new_dir / name, staging / name)
+        staging.rename(cached)  # whole or not at all; another build that got there first wins
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build(jobs: int, use_cache: bool = True) -> str:
     from mypyc.build import mypycify
     from setuptools import setup
 
     sources = [f"edge/{m}.py" for m in native.COMPILED]
     digests = native.source_digests()
     new_dir = new_build_dir()
+    cached = cache_dir(digests)
+    if use_cache and from_cache(cached, new_dir):
+        log(f"the build of these sources from {cached}")
+        write_stamp(new_dir, native.stamp_for(digests, new_dir, native.COMPILED,
+                                             compiler_version()))
+        install(new_dir)
+        result = native.check(environ={})
+        if result.native:
+            return f"{result.detail} (cached)"
+        log(f"the cached build is not usable ({result.detail}); compiling")
+        shutil.rmtree(cached, ignore_errors=True)
+        new_dir = new_build_dir()
     try:
         with tempfile.TemporaryDirectory(prefix="meridian-edge-build-") as tmp:
             log(f"translating {len(sources)} modules to C (mypyc, type-checks them first)")
@@ -116,6 +170,8 @@ def build(jobs: int) -> str:
     result = native.check(environ={})
     if not result.native:
         raise RuntimeError(f"the build is not usable: {result.detail}")
+    if use_cache:
+        save_to_cache(native.BUILD_DIR, cached)
     return result.detail
 
 
@@ -123,6 +179,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clean", action="store_true", help="remove the build and stop")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compile even where this machine has a build of these sources")
     args = parser.parse_args()
     remove_legacy()
     if args.clean:
@@ -131,7 +189,7 @@ def main() -> int:
         return 0
     started = time.monotonic()
     try:
-        detail = build(args.jobs)
+        detail = build(args.jobs, use_cache=not args.no_cache)
     except KeyboardInterrupt:
         log("interrupted; the previous build, if any, is unchanged")
         return 130
