@@ -12,7 +12,7 @@ EDGE_BUILD := edge/_build/stamp.json
 # `make up ENGINE=vllm` runs real vLLM engines (CPU build) instead of enginesim.
 ENGINE ?= enginesim
 # The lab and the tests run in lab mode (lab-only secrets, plain HTTP); production is the default.
-up test test-fast bench: export MERIDIAN_LAB = 1
+up test test-fast bench lint: export MERIDIAN_LAB = 1
 
 setup: $(STAMP) $(EDGE_BUILD)
 	@sh tools/ensure_prometheus.sh
@@ -48,6 +48,7 @@ test: setup engine
 	bash tools/ensure_chromium.sh
 	$(BIN)/python -m controlplane.lab.prepare_tests
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 	@# The edge once more from its sources: what runs where it could not be compiled.
 	MERIDIAN_EDGE_PURE=1 MERIDIAN_CONTRACT_ENGINES=enginesim $(BIN)/python -m pytest tests/edge tests/contract
@@ -57,7 +58,7 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy controlplane regions edge enginesim
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 bench: setup
