@@ -444,9 +444,10 @@ class VllmPair:
 
     def fresh(self) -> list[int]:
         for port in self.ports:
-            wait_until(functools.partial(reset_prefix_cache, port), 10.0,
+            # A busy engine may not answer a reset within its 10 s: that is asked again too.
+            wait_until(functools.partial(reset_prefix_cache, port), 60.0,
                        f"vLLM on port {port} to empty its prefix cache (blocks still held by "
-                       "requests finishing)", every_s=0.2)
+                       "requests finishing)", every_s=0.2, ignore=(OSError,))
         return self.ports
 
     def close(self) -> None:

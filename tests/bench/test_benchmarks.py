@@ -153,7 +153,7 @@ def shared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         if needs is None:
             continue
         env.update(needs.get("env", {}))
-        args += [a for a in needs.get("args", []) if a not in args]
+        args += list(needs.get("args", []))
     token = uuid.uuid4().hex
     var_dir = tmp_path_factory.mktemp("smoke-lab")
     lab = child_lab.start_lab(var_dir, replicas_per_region=1, name_prefix="meridian_smoke",
