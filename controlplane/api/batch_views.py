@@ -17,9 +17,11 @@ from functools import wraps
 from typing import Any
 
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from controlplane.api.batch_uploads import BatchUploadHandler, CheckedUpload
 from controlplane.batches import audit, services, tasks
 from controlplane.batches.cost import batch_cost, cost_json
 from controlplane.batches.models import Batch, BatchFile, FilePurpose
@@ -27,7 +29,7 @@ from controlplane.batches.services import BatchError
 from controlplane.core.hashing import sha256_hex
 from controlplane.core.models import ApiKey
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 log = logging.getLogger(__name__)
 
 
@@ -52,7 +54,7 @@ def inference_api(methods: tuple[str, ...]) -> Callable[[View], View]:
     def wrap(view: View) -> View:
         @csrf_exempt
         @wraps(view)
-        def handler(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def handler(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 return error(f"{request.method} is not allowed here", 405,
                              code="method_not_allowed")
@@ -100,7 +102,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
 
 
 def _file(key: ApiKey, file_id: str) -> BatchFile:
-    row = BatchFile.objects.filter(tenant=key.tenant, pk=file_id).first()
+    row = BatchFile.objects.defer("content").filter(tenant=key.tenant, pk=file_id).first()
     if row is None:
         raise BatchError(f"No such File object: {file_id}", status=404, param="id",
                          code="file_not_found")
@@ -148,22 +150,21 @@ def _page(rows: Any, request: HttpRequest, render: Callable[[Any], dict[str, Any
 @inference_api(("GET", "POST"))
 def files(request: HttpRequest, key: ApiKey) -> HttpResponse:
     if request.method == "GET":
-        rows = BatchFile.objects.filter(tenant=key.tenant)
+        rows = BatchFile.objects.defer("content").filter(tenant=key.tenant)
         if request.GET.get("purpose"):
             rows = rows.filter(purpose=request.GET["purpose"])
         return _page(rows, request, file_object)
+    # The file is checked and capped while it streams in (api.batch_uploads).
+    request.upload_handlers = [BatchUploadHandler(request)]
     upload = request.FILES.get("file")
-    if upload is None:
+    if not isinstance(upload, CheckedUpload):
         raise BatchError("a multipart field 'file' is required", param="file")
     purpose = request.POST.get("purpose", "")
     if purpose != FilePurpose.BATCH:
         raise BatchError(f"purpose must be \"batch\", not {json.dumps(purpose)}",
                          param="purpose", code="invalid_purpose")
-    if upload.size is not None and upload.size > services.max_file_bytes():
-        raise BatchError(f"the file is {upload.size} bytes; at most "
-                         f"{services.max_file_bytes()} are allowed", param="file",
-                         code="file_too_large")
-    row = services.store_file(key.tenant, upload.name or "input.jsonl", upload.read(), purpose)
+    row = services.store_file(key.tenant, upload.name or "input.jsonl", upload.content, purpose,
+                              upload.line_count)
     return JsonResponse(file_object(row))
 
 
@@ -177,9 +178,13 @@ def file_detail(request: HttpRequest, key: ApiKey, file_id: str) -> HttpResponse
 
 
 @inference_api(("GET",))
-def file_content(request: HttpRequest, key: ApiKey, file_id: str) -> HttpResponse:
+def file_content(request: HttpRequest, key: ApiKey, file_id: str) -> StreamingHttpResponse:
     row = _file(key, file_id)
-    return HttpResponse(bytes(row.content), content_type="application/jsonl")
+    # Sent a chunk at a time from the database, never held whole.
+    response = StreamingHttpResponse(services.stored_chunks(row),
+                                     content_type="application/jsonl")
+    response["Content-Length"] = str(row.bytes)
+    return response
 
 
 @inference_api(("GET", "POST"))

@@ -26,18 +26,21 @@ import secrets
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from controlplane.batches.concurrency import Limits, Pressure, lower_baseline, next_concurrency
+from controlplane.batches.errors import BatchError
+from controlplane.batches.jsonl import ENDPOINTS, InputLine, InputReader
 from controlplane.batches.models import (
     FINISHED,
     Batch,
@@ -55,7 +58,6 @@ from controlplane.routing import cache_salt
 from controlplane.routing.models import Edge
 from controlplane.telemetry.services import metrics_source
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 METADATA_MAX_KEYS = 16
 METADATA_MAX_KEY = 64
@@ -75,107 +77,74 @@ def max_file_lines() -> int:
     return int(_setting("BATCH_FILE_MAX_LINES", 50_000))
 
 
-class BatchError(Exception):
-    """A refusal the API answers with OpenAI's error shape."""
-
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-        self.kind = kind
+def max_line_bytes() -> int:
+    """The longest line an input file may have: one request, which the edge must carry (its
+    own body limit is 8 MiB)."""
+    return int(_setting("BATCH_LINE_MAX_BYTES", 8 * 1024 * 1024))
 
 
-@dataclass(frozen=True)
-class InputLine:
-    number: int
-    custom_id: str
-    url: str
-    body: dict[str, Any]
+def input_reader() -> InputReader:
+    """A reader of one input file's lines, with this deployment's limits."""
+    return InputReader(max_file_lines(), max_line_bytes())
 
 
-def parse_input(raw: bytes) -> list[InputLine]:
-    """Every line of a batch input file, or a BatchError naming the first bad line and field.
-    One model and one endpoint per file, custom_id unique, no streaming."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BatchError(f"the file is not UTF-8 (byte {exc.start})", param="file",
-                         code="invalid_file") from None
-    chunks = text.split("\n")
-    if chunks and chunks[-1].strip() == "":
-        chunks.pop()
-    if not chunks:
-        raise BatchError("the file has no lines", param="file", code="empty_file")
-    if len(chunks) > max_file_lines():
-        raise BatchError(f"the file has {len(chunks)} lines; at most {max_file_lines()} are allowed",
-                         param="file", code="too_many_lines")
-    lines: list[InputLine] = []
-    seen: dict[str, int] = {}
-    model: tuple[str, int] | None = None
-    url: tuple[str, int] | None = None
-    for number, chunk in enumerate(chunks, start=1):
-        def bad(what: str, field: str | None = None, _n: int = number) -> BatchError:
-            return BatchError(f"line {_n}: {what}", param=field or "file", code="invalid_line")
-
-        if not chunk.strip():
-            raise bad("the line is empty")
-        try:
-            row = json.loads(chunk)
-        except ValueError as exc:
-            raise bad(f"not valid JSON ({exc})") from None
-        if not isinstance(row, dict):
-            raise bad("a line must be a JSON object")
-        custom_id = row.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            raise bad("custom_id must be a non-empty string", "custom_id")
-        if len(custom_id) > 512:
-            raise bad("custom_id is longer than 512 characters", "custom_id")
-        if custom_id in seen:
-            raise bad(f"custom_id {json.dumps(custom_id)} repeats line {seen[custom_id]}",
-                      "custom_id")
-        seen[custom_id] = number
-        if row.get("method") != "POST":
-            raise bad(f"method must be \"POST\", not {json.dumps(row.get('method'))}", "method")
-        line_url = row.get("url")
-        if line_url not in ENDPOINTS:
-            raise bad(f"url must be one of {', '.join(ENDPOINTS)}, not {json.dumps(line_url)}",
-                      "url")
-        if url is None:
-            url = (line_url, number)
-        elif line_url != url[0]:
-            raise bad(f"url {line_url} differs from line {url[1]}'s {url[0]}: one endpoint per "
-                      "batch", "url")
-        body = row.get("body")
-        if not isinstance(body, dict):
-            raise bad("body must be a JSON object", "body")
-        line_model = body.get("model")
-        if not isinstance(line_model, str) or not line_model:
-            raise bad("body.model must be a non-empty string", "body.model")
-        if model is None:
-            model = (line_model, number)
-        elif line_model != model[0]:
-            raise bad(f"model {json.dumps(line_model)} differs from line {model[1]}'s "
-                      f"{json.dumps(model[0])}: one model per batch", "body.model")
-        if body.get("stream"):
-            raise bad("body.stream must be false in a batch", "body.stream")
-        lines.append(InputLine(number, custom_id, line_url, body))
-    return lines
+def file_too_large(size: int | None = None) -> BatchError:
+    """The refusal of a file past BATCH_FILE_MAX_BYTES, naming the cap (413)."""
+    seen = f" ({size} bytes)" if size is not None else ""
+    return BatchError(f"the file{seen} is larger than {max_file_bytes()} bytes, the most a batch "
+                      "input file may have (BATCH_FILE_MAX_BYTES)", status=413, param="file",
+                      code="file_too_large")
 
 
-def store_file(tenant: Tenant, filename: str, raw: bytes, purpose: str) -> BatchFile:
-    """A validated input file, written whole in one statement or not at all."""
+# Stored files are read back this much at a time: never whole.
+STORED_CHUNK_BYTES = 1024 * 1024
+# Lines are written to the database this many at a time (or this many bytes' worth).
+LINES_PER_INSERT = 2000
+BYTES_PER_INSERT = 16 * 1024 * 1024
+
+
+def stored_chunks(row: BatchFile) -> Iterator[bytes]:
+    """A stored file's content, a chunk at a time, straight from Postgres (`substring` of the
+    column, which is stored uncompressed so that a slice is read without the rest)."""
+    table = BatchFile._meta.db_table
+    with connection.cursor() as cursor:
+        for offset in range(0, row.bytes, STORED_CHUNK_BYTES):
+            cursor.execute(f"SELECT substring(content FROM %s FOR %s) FROM {table} "  # noqa: S608
+                           "WHERE id = %s", [offset + 1, STORED_CHUNK_BYTES, row.pk])
+            found = cursor.fetchone()
+            if found is None:  # deleted meanwhile
+                return
+            yield bytes(found[0])
+
+
+def store_file(tenant: Tenant, filename: str, raw: bytes | bytearray, purpose: str,
+               line_count: int | None = None) -> BatchFile:
+    """A validated input file, written whole in one statement or not at all. `line_count`
+    says its lines were checked already, as they arrived (an upload: api.batch_uploads)."""
     if purpose != FilePurpose.BATCH:
         raise BatchError(f"purpose must be \"batch\", not {json.dumps(purpose)}", param="purpose",
                          code="invalid_purpose")
     if len(raw) > max_file_bytes():
-        raise BatchError(f"the file is {len(raw)} bytes; at most {max_file_bytes()} are allowed",
-                         param="file", code="file_too_large")
-    lines = parse_input(raw)
-    return BatchFile.objects.create(tenant=tenant, purpose=purpose, filename=filename[:255],
-                                    bytes=len(raw), line_count=len(lines), content=raw)
+        raise file_too_large(len(raw))
+    if line_count is None:
+        reader = input_reader()
+        for start in range(0, len(raw), STORED_CHUNK_BYTES):
+            reader.feed(raw[start:start + STORED_CHUNK_BYTES])
+        reader.end()
+        line_count = reader.lines
+    row = BatchFile(tenant=tenant, purpose=purpose, filename=filename[:255], bytes=len(raw),
+                    line_count=line_count, created_at=timezone.now())
+    # One INSERT with the content as a binary parameter. Through the ORM, psycopg's
+    # client-side binding would spell the bytes out in hex inside the statement's text (six
+    # times the file in memory); as a binary parameter the driver copies it once.
+    fields = [f for f in BatchFile._meta.concrete_fields if f.name != "content"]
+    columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
+    values = [f.get_db_prep_save(getattr(row, f.attname), connection) for f in fields]
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(f"INSERT INTO {BatchFile._meta.db_table} ({columns}, content) "  # noqa: S608
+                       f"VALUES ({', '.join(['%s'] * len(fields))}, %b)", [*values, raw])
+    return row
 
 
 def delete_file(row: BatchFile) -> None:
@@ -240,14 +209,19 @@ def create_batch(tenant: Tenant, input_file_id: Any, endpoint: Any, completion_w
         raise BatchError(f"completion_window must be \"24h\", not {json.dumps(completion_window)}",
                          param="completion_window")
     clean_metadata = _check_metadata(metadata)
-    source = BatchFile.objects.filter(tenant=tenant, pk=input_file_id).first()
+    source = BatchFile.objects.defer("content").filter(tenant=tenant, pk=input_file_id).first()
     if source is None:
         raise BatchError(f"no file {input_file_id}", status=404, param="input_file_id",
                          code="file_not_found")
     if source.purpose != FilePurpose.BATCH:
         raise BatchError(f"file {source.id} has purpose {source.purpose}, not batch",
                          param="input_file_id")
-    lines = parse_input(bytes(source.content))
+    # The file is read back a chunk at a time and its lines written as they come, inside
+    # one transaction: a bad line anywhere leaves nothing written, and memory holds a
+    # chunk and the lines not yet written, never the file.
+    reader = input_reader()
+    chunks = stored_chunks(source)
+    lines = _first_lines(reader, chunks)
     if lines[0].url != endpoint:
         raise BatchError(f"line 1: url {lines[0].url} does not match the batch's endpoint "
                          f"{endpoint}", param="endpoint", code="invalid_endpoint")
@@ -259,10 +233,35 @@ def create_batch(tenant: Tenant, input_file_id: Any, endpoint: Any, completion_w
             tenant=tenant, input_file=source, endpoint=endpoint, model=model,
             completion_window=completion_window, metadata=clean_metadata,
             expires_at=now + COMPLETION_WINDOWS[completion_window])
+        _write_lines(batch, lines, reader, chunks)
+    return batch
+
+
+def _first_lines(reader: InputReader, chunks: Iterator[bytes]) -> list[InputLine]:
+    """Read until the first line is known (a BatchError for a file without one)."""
+    for chunk in chunks:
+        lines = reader.feed(chunk)
+        if lines:
+            return lines
+    return reader.end()
+
+
+def _write_lines(batch: Batch, lines: list[InputLine], reader: InputReader,
+                 chunks: Iterator[bytes]) -> None:
+    """Write `lines`, then every line left in `chunks`, a few thousand at a time."""
+    fed = reader.size
+
+    def write(pending: list[InputLine]) -> None:
         BatchLine.objects.bulk_create(
             [BatchLine(batch=batch, line_number=line.number, custom_id=line.custom_id,
-                       body=line.body) for line in lines], batch_size=2000)
-    return batch
+                       body=line.body) for line in pending])
+
+    for chunk in chunks:
+        lines += reader.feed(chunk)
+        if len(lines) >= LINES_PER_INSERT or reader.size - fed >= BYTES_PER_INSERT:
+            write(lines)
+            lines, fed = [], reader.size
+    write(lines + reader.end())
 
 
 def request_counts(batch: Batch) -> dict[str, int]:

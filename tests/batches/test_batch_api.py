@@ -40,7 +40,9 @@ def output_lines(c: Client, file_id: str | None) -> list[dict[str, Any]]:
         return []
     response = c.get(f"/v1/files/{file_id}/content")
     assert response.status_code == 200
-    return [json.loads(raw) for raw in response.content.splitlines()]
+    content = b"".join(response.streaming_content)  # sent a chunk at a time
+    assert len(content) == int(response["Content-Length"])
+    return [json.loads(raw) for raw in content.splitlines()]
 
 
 def test_a_batch_runs_retries_and_writes_output_and_error_files(fleet: Any) -> None:
@@ -214,10 +216,12 @@ def test_files_over_the_limits_and_wrong_purposes_are_refused(fleet: Any,
     too_long = upload(c, jsonl(line("a", "x"), line("b", "x"), line("c", "x")))
     assert too_long.status_code == 400
     assert too_long.json()["error"]["message"] == \
-        "the file has 3 lines; at most 2 are allowed"
+        "the file has more than 2 lines; at most 2 are allowed"
     batch_settings.BATCH_FILE_MAX_BYTES = 100
     too_big = upload(c, jsonl(line("a", "x" * 200)))
-    assert too_big.status_code == 400 and too_big.json()["error"]["code"] == "file_too_large"
+    assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "file_too_large"
+    assert "larger than 100 bytes" in too_big.json()["error"]["message"]
+    batch_settings.BATCH_FILE_MAX_BYTES = 1024 * 1024
     wrong = upload(c, jsonl(line("a", "x")), purpose="fine-tune")
     assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "purpose"
     assert BatchFile.objects.count() == 0

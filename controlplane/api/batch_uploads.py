@@ -1,0 +1,85 @@
+"""Batch input files taken as they stream in: a Django upload handler for `POST /v1/files`.
+
+Django's default handlers write a large upload whole to a temporary file before the view can
+look at its size, and the view then read it back into memory. `BatchUploadHandler` instead
+takes the multipart field `file` piece by piece as the body is read: a body whose declared
+length is past the cap is refused before a byte of it is read, the file's bytes are counted
+against BATCH_FILE_MAX_BYTES as they come (413 naming the cap the moment it is passed; the
+rest is never read), its lines are checked as they complete (batches.jsonl: a bad line is a
+400 at once, naming it), and the bytes are kept in one buffer, the only copy, which is what
+is stored. Nothing touches the disk, and a refused upload leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from typing import IO
+
+from django.core.files.uploadedfile import UploadedFile
+from django.core.files.uploadhandler import FileUploadHandler, SkipFile
+from django.http import HttpRequest
+
+from controlplane.batches import services
+from controlplane.batches.errors import BatchError
+from controlplane.batches.jsonl import InputReader
+
+# What a multipart body may hold besides the file: its boundaries, part headers and the
+# `purpose` field.
+FRAMING_BYTES = 64 * 1024
+
+
+class CheckedUpload(UploadedFile):
+    """The `file` field of an upload: its bytes, held once, and its lines, already checked."""
+
+    def __init__(self, name: str, content: bytearray, line_count: int,
+                 content_type: str | None) -> None:
+        super().__init__(file=None, name=name, content_type=content_type, size=len(content))
+        self.content = content
+        self.line_count = line_count
+
+    def close(self) -> None:  # the request closes its files when it ends
+        self.content = bytearray()
+
+
+class BatchUploadHandler(FileUploadHandler):
+    chunk_size = 64 * 1024
+
+    def __init__(self, request: HttpRequest | None = None) -> None:
+        super().__init__(request)
+        self.max_bytes = services.max_file_bytes()
+        self.reader: InputReader | None = None
+        self.content = bytearray()
+
+    def handle_raw_input(self, input_data: IO[bytes], META: dict[str, str],  # noqa: N803
+                         content_length: int, boundary: str, encoding: str | None = None
+                         ) -> None:
+        if content_length > self.max_bytes + FRAMING_BYTES:
+            raise BatchError(f"the request body is {content_length} bytes: more than a file of "
+                             f"{self.max_bytes} bytes, the most a batch input file may have "
+                             f"(BATCH_FILE_MAX_BYTES), and its multipart framing",
+                             status=413, param="file", code="file_too_large")
+
+    def new_file(self, field_name: str, file_name: str, content_type: str,
+                 content_length: int | None, charset: str | None = None,
+                 content_type_extra: dict[str, bytes] | None = None) -> None:
+        if field_name != "file":
+            raise SkipFile()  # only `file` is a file here; its bytes are read past, not kept
+        if self.reader is not None:
+            raise BatchError("an upload holds one file, in the field 'file'", param="file")
+        super().new_file(field_name, file_name, content_type, content_length, charset,
+                         content_type_extra)
+        self.reader = services.input_reader()
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
+        if start + len(raw_data) > self.max_bytes:
+            raise services.file_too_large()
+        assert self.reader is not None
+        self.reader.feed(raw_data)
+        self.content += raw_data
+
+    def file_complete(self, file_size: int) -> CheckedUpload | None:
+        reader = self.reader
+        if reader is None:
+            return None
+        reader.end()
+        return CheckedUpload(self.file_name or "input.jsonl", self.content, reader.lines,
+                             self.content_type)
