@@ -27,6 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core import ca
+from controlplane.core.locks import advisory_lock
 from controlplane.core.models import Certificate
 from controlplane.core.services import record_audit
 from controlplane.env import env_float
@@ -159,15 +160,20 @@ def current(subject: str) -> Certificate | None:
 def ensure_installed(subject: str, kind: str, cn: str, addresses: list[str],
                      directory: Path) -> Bundle:
     """The subject's certificate in `directory`, issued now unless a usable one with the
-    same addresses is already there (so a restart does not mint a new one)."""
-    row = current(subject)
+    same addresses is already there (so a restart does not mint a new one). Processes that
+    ask at once (the lab's web and workers) take turns, so a key and a certificate written
+    into one directory always belong together."""
     bundle = Bundle(directory)
-    if (row is not None and row.install_dir == str(directory) and row.addresses == addresses
-            and bundle.cert.is_file() and bundle.key.is_file()
-            and bundle.cert.read_text() == row.pem
-            and not ca.needs_renewal(ca.load_certificate(row.pem, subject), timezone.now())):
-        return bundle
-    issue(subject, kind, cn, addresses, directory)
+    with advisory_lock(f"certificates:{directory}", wait_s=30.0):
+        row = current(subject)
+        if (row is not None and row.install_dir == str(directory)
+                and row.addresses == addresses
+                and bundle.cert.is_file() and bundle.key.is_file()
+                and bundle.cert.read_text() == row.pem
+                and not ca.needs_renewal(ca.load_certificate(row.pem, subject),
+                                         timezone.now())):
+            return bundle
+        issue(subject, kind, cn, addresses, directory)
     return bundle
 
 
@@ -219,7 +225,8 @@ def renew_due(now: datetime | None = None) -> list[str]:
         certificate = ca.load_certificate(row.pem, row.subject)
         if not ca.needs_renewal(certificate, now):
             continue
-        with transaction.atomic():
+        with (advisory_lock(f"certificates:{row.install_dir}", wait_s=30.0),
+              transaction.atomic()):
             locked = Certificate.objects.select_for_update().get(pk=row.pk)
             if locked.renewed_by_id is not None or locked.revoked_at is not None:
                 continue

@@ -150,3 +150,24 @@ def test_a_renewed_certificate_is_picked_up_without_a_restart(pki: Pki, tmp_path
     os.utime(cert, (1, 1))  # a different stamp, whatever the clock's resolution
     tls._checked_at = 0.0
     assert tls.own_problem(frozenset()) is None and tls.serial == pki.edge.serial
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"revoked_certificates": ["XYZ"]}, "revoked_certificates"),
+    ({"revoked_certificates": "1f"}, "revoked_certificates"),
+    ({"engine_key": "two words"}, "models.sim.replicas[0].engine_key"),
+    ({"engine_key": 7}, "models.sim.replicas[0].engine_key"),
+    ({"tls_name": 7}, "models.sim.replicas[0].tls_name"),
+])
+def test_bad_tls_fields_in_a_table_are_refused_naming_them(
+        make_table: TableFactory, change: dict[str, object], field: str) -> None:
+    from edge.table import TableError, parse_table
+
+    top = "revoked_certificates" in change
+    entry = replica("r1", "https://127.0.0.1:9", **({} if top else change))
+    table = make_table(models={"sim": [entry]})
+    if top:
+        table.update(change)
+    with pytest.raises(TableError) as caught:
+        parse_table(table)
+    assert caught.value.field == field

@@ -120,3 +120,22 @@ def test_a_batch_pool_scaled_to_zero_is_still_in_the_table():
     table = compile_table(EDGE_EU, [], [], POLICY, version=7, issued_at="t", key_id="k",
                           batch_pools={"llama": [None], "other": []})
     assert table["models"] == {"llama": {"replicas": [], "batch_pool": ["*"]}}
+
+
+def test_a_replica_entry_carries_its_engine_key_and_certificate_name_for_the_edge():
+    from edge.table import parse_table
+
+    secured = replica("r-3", engine_key="sk-engine-r-3", tls_name="r-3.replicas.meridian")
+    table = compile_table(EDGE_EU, [secured, replica("r-4")], [], POLICY, version=7,
+                          issued_at="2026-11-27T12:00:00+00:00", key_id="k",
+                          revoked_certificates=["1f", "0a"])
+    first, second = table["models"]["llama"]["replicas"]
+    assert (first["engine_key"], first["tls_name"]) == ("sk-engine-r-3", "r-3.replicas.meridian")
+    assert "engine_key" not in second and "tls_name" not in second
+    assert table["revoked_certificates"] == ["0a", "1f"]
+    parsed = parse_table(table)  # the edge's own parser takes it
+    assert parsed.revoked_certificates == {"0a", "1f"}
+    r3 = parsed.models["llama"][0]
+    assert r3.engine_authorization == b"authorization: Bearer sk-engine-r-3\r\n"
+    assert r3.origin.server_name == "r-3.replicas.meridian"
+    assert "revoked_certificates" not in compile_for(EDGE_EU, [secured])
