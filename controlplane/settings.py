@@ -217,6 +217,12 @@ if BATCH_LEASE_S <= BATCH_REQUEST_TIMEOUT_S:
     raise ImproperlyConfigured(
         f"MERIDIAN_BATCH_LEASE_S ({BATCH_LEASE_S:g}) must be longer than "
         f"MERIDIAN_BATCH_REQUEST_TIMEOUT_S ({BATCH_REQUEST_TIMEOUT_S:g})")
+# An upload to POST /v1/files gets BATCH_UPLOAD_GRACE_S, then must average
+# BATCH_UPLOAD_MIN_BYTES_PER_S (0: no minimum) or it is cut with a 408 (api.batch_uploads),
+# as at the edges.
+BATCH_UPLOAD_GRACE_S = env_float("MERIDIAN_BATCH_UPLOAD_GRACE_S", 30.0, above=0)
+BATCH_UPLOAD_MIN_BYTES_PER_S = env_int("MERIDIAN_BATCH_UPLOAD_MIN_BYTES_PER_S", 64 * 1024,
+                                       at_least=0)
 
 
 class MeridianSettings(TypedDict):

@@ -17,7 +17,14 @@ from functools import wraps
 from typing import Any
 
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+    UnreadablePostError,
+)
+from django.http.multipartparser import MultiPartParserError
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
@@ -155,8 +162,18 @@ def files(request: HttpRequest, key: ApiKey) -> HttpResponse:
             rows = rows.filter(purpose=request.GET["purpose"])
         return _page(rows, request, file_object)
     # The file is checked and capped while it streams in (api.batch_uploads).
-    request.upload_handlers = [BatchUploadHandler(request)]
-    upload = request.FILES.get("file")
+    handler = BatchUploadHandler(request)
+    request.upload_handlers = [handler]
+    try:
+        upload = request.FILES.get("file")
+    except (UnreadablePostError, MultiPartParserError) as exc:
+        if handler.late:
+            raise handler.too_slow() from None
+        raise BatchError(f"the upload could not be read: {exc}", param="file") from None
+    finally:
+        handler.stop_watching()
+    if handler.late:
+        raise handler.too_slow()
     if not isinstance(upload, CheckedUpload):
         raise BatchError("a multipart field 'file' is required", param="file")
     purpose = request.POST.get("purpose", "")
