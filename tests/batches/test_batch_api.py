@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from django.http import StreamingHttpResponse
 from django.test import Client
 
 from controlplane.batches import services
@@ -40,7 +41,8 @@ def output_lines(c: Client, file_id: str | None) -> list[dict[str, Any]]:
         return []
     response = c.get(f"/v1/files/{file_id}/content")
     assert response.status_code == 200
-    content = b"".join(response.streaming_content)  # sent a chunk at a time
+    assert isinstance(response, StreamingHttpResponse)  # sent a chunk at a time
+    content = b"".join(response.streaming_content)
     assert len(content) == int(response["Content-Length"])
     return [json.loads(raw) for raw in content.splitlines()]
 

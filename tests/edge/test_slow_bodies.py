@@ -121,8 +121,9 @@ def test_a_trickled_upload_gets_408_and_the_control_plane_is_let_go(
             assert plane.whole == []
             await wait_until_async(lambda: not edge.edge.pool.busy, 5,
                                    "the edge to hold no upstream connection")
-            assert edge.edge.client_server is not None
-            await wait_until_async(lambda: not edge.edge.client_server.connections, 5,
+            server = edge.edge.client_server
+            assert server is not None
+            await wait_until_async(lambda: not server.connections, 5,
                                    "the client's connection to be closed")
 
     asyncio.run(scenario())

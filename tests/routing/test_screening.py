@@ -92,6 +92,7 @@ def test_rows_saved_before_validation_never_freeze_the_tables(fleet):  # type: i
 
     report = services.publish()
     assert report.acked == 3, [r.detail for r in report.results]
+    assert report.version is not None
     for endpoint in fleet["endpoints"]:
         shipped = endpoint.received[-1]
         assert set(shipped["models"]) == {"llama-3.1-8b"}
