@@ -38,7 +38,8 @@ def _routes() -> list[URLPattern]:
     found = []
     for pattern in urlpatterns:
         route = str(pattern.pattern)
-        if "format" in pattern.pattern.regex.groupindex or not route.strip("^$"):
+        if not isinstance(pattern, URLPattern) or "format" in pattern.pattern.regex.groupindex \
+                or not route.strip("^$"):
             continue  # the ".json" twin of a route, and the browsable root
         found.append(pattern)
     return found

@@ -43,8 +43,8 @@ def build_world(fx: dict[str, Any]) -> dict[str, Any]:
     for r in Replica.objects.all():
         Replica.objects.filter(pk=r.pk).update(url=f"http://10.77.0.{r.pk % 250}:8000",
                                                last_error=f"connect to 10.77.0.{r.pk % 250} refused")
-    globex_deployment = Deployment.objects.filter(tenant=globex).order_by("pk").first()
-    globex_replica = Replica.objects.filter(deployment__tenant=globex).order_by("pk").first()
+    globex_deployment = Deployment.objects.filter(tenant=globex).order_by("pk")[0]
+    globex_replica = Replica.objects.filter(deployment__tenant=globex).order_by("pk")[0]
     plan = Plan.objects.create(proposed_by="system", explanation="globex grows")
     PlanChange.objects.create(plan=plan, deployment=globex_deployment, action="add",
                               region=fx["fra"], count=1, reason="globex demand")
@@ -65,8 +65,8 @@ def build_world(fx: dict[str, Any]) -> dict[str, Any]:
 def platform_models() -> list[type[models.Model]]:
     """Models the API serves that belong to no tenant (catalog, plans, edges, policy …)."""
     owned = set(tenant_owned_models())
-    served = {viewset.queryset.model for _, viewset, _ in router.registry
-              if getattr(viewset, "queryset", None) is not None}
+    querysets = [getattr(viewset, "queryset", None) for _, viewset, _ in router.registry]
+    served = {qs.model for qs in querysets if qs is not None}
     return sorted(served - owned, key=lambda m: m._meta.label)
 
 
