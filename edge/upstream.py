@@ -387,8 +387,8 @@ class UpstreamPool:
                 # which is how an engine refuses a client certificate it does not trust.
                 raise self._refuse("handshake", f"TLS handshake with "
                                    f"{origin.host_header.decode()} failed: the replica closed "
-                                   f"the connection ({type(exc).__name__} {exc}); does it "
-                                   "trust this edge's certificate?") from None
+                                   f"the connection ({type(exc).__name__} {exc}): it refused "
+                                   "this edge's certificate, or it is going away") from None
             # TimeoutError is an OSError too.
             kind = "timed out" if isinstance(exc, TimeoutError) else str(exc)
             raise UpstreamError(f"cannot connect to {origin.host_header.decode()}: {kind}",
