@@ -85,7 +85,6 @@ def test_the_replica_runs_with_mtls_and_its_own_key(tls_replica, local_provider,
         assert isinstance(answer(host, int(port), "GET", path, bare), str), path
     # The control plane's own certificate: /metrics answers; /v1 wants the replica's key.
     mine = certificates.client_context()
-    mine.check_hostname = False
     assert answer(host, int(port), "GET", "/metrics", mine) == 200
     assert answer(host, int(port), "GET", "/v1/models", mine) == 401
 
