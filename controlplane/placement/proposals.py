@@ -162,7 +162,18 @@ def propose_plan(deployments: Iterable[Deployment] | None, *, actor: str, trigge
     chosen = list(Deployment.objects.filter(pk__in=[d.pk for d in chosen]).select_related(
         "model").prefetch_related("allowed_jurisdictions", "user_regions"))
     result = solve_placeable(build_problem(chosen))
-    return store_plan(result, chosen, actor, trigger)
+    plan = store_plan(result, chosen, actor, trigger)
+    mark_unplaceable(cap_shortfalls(chosen))
+    return plan
+
+
+def cap_shortfalls(deployments: Sequence[Deployment]) -> dict[int, str]:
+    """Why deployments whose min_replicas is more than their tenant's caps leave them run
+    fewer: the plan places what the caps allow, and this says so on the deployment."""
+    allowed = plan_allowances(deployments)
+    return {d.pk: (f"min_replicas ({d.min_replicas}) is more than tenant caps leave it: "
+                   f"{allowed[d.pk]} replicas (max_replicas and max_gpus of its tenant)")
+            for d in deployments if d.pk in allowed and allowed[d.pk] < d.min_replicas}
 
 
 # A removal so dear that the solver never gives up a running replica to place new ones.

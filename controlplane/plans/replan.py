@@ -37,6 +37,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
+from controlplane.deployments.caps import plan_allowances
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
@@ -47,10 +48,12 @@ from controlplane.placement.capacity import replica_nodes
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
 from controlplane.placement.problem import ExistingReplica, OfferOption, PlacementProblem
 from controlplane.placement.proposals import (
+    cap_shortfalls,
     deployment_request,
     offer_options,
     quota_left,
     store_plan,
+    within_tenant_caps,
 )
 from controlplane.placement.result import PlacementResult
 from controlplane.placement.search import solve_placeable
@@ -289,8 +292,10 @@ def build_problem(deployments: list[Deployment], options: tuple[OfferOption, ...
         if r.offer_id is not None:
             counts[(r.deployment_id, r.offer_id, r.spot)] += 1
     existing = tuple(ExistingReplica(d, o, s, n) for (d, o, s), n in counts.items())
-    return PlacementProblem(tuple(deployment_request(d) for d in deployments), options, quota,
-                            existing)
+    allowed = plan_allowances(deployments)
+    return PlacementProblem(
+        tuple(within_tenant_caps(deployment_request(d), allowed.get(d.pk)) for d in deployments),
+        options, quota, existing)
 
 
 def _signature(changes: list[ChangeRow]) -> list[list[Any]]:
@@ -342,6 +347,7 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
     if result.has_plan:
         mark_placeable(d.pk for d in deployments if d.pk not in unplaced)
     mark_unplaceable(unplaced)
+    mark_unplaceable(cap_shortfalls(deployments))
     outcome = ReplanOutcome("none", "", broken, result.cost_before_usd_h,
                             result.cost_after_usd_h)
     orphans = _orphan_rows(broken)

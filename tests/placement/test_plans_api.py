@@ -80,6 +80,9 @@ def test_infeasible_plan_is_stored_with_its_reason(deployment, catalog, make_cli
     Quota.objects.create(region=catalog["iad"], gpu_type=catalog["l4"], limit_gpus=4,
                          observed_at=datetime(2026, 11, 1, tzinfo=UTC))
     deployment.allowed_jurisdictions.set([catalog["us"]])
+    # Quota is what binds here, not the tenant's caps (16 replicas by default).
+    type(deployment.tenant).objects.filter(pk=deployment.tenant_id).update(max_replicas=100,
+                                                                           max_gpus=1000)
     deployment.min_replicas = 40
     deployment.max_replicas = 40
     deployment.save()

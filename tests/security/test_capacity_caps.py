@@ -220,6 +220,9 @@ def test_the_planner_places_no_more_than_the_caps_leave(fx):  # type: ignore[no-
     # The one replica the cap leaves goes to one of them; together they run 2, not 6.
     assert sum(net.values()) == 2, changes
     assert plan.status == "proposed", plan.explanation
+    for d in (first, second):
+        d.refresh_from_db()
+        assert "min_replicas (3) is more than tenant caps leave it" in d.placement_problem
 
 
 def test_applying_a_plan_past_a_cap_makes_nothing_and_says_why(fx):  # type: ignore[no-untyped-def]
