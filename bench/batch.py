@@ -64,7 +64,13 @@ sys.path.insert(0, str(REPO / "bench"))
 import openai  # noqa: E402
 from failover import Load, p95  # noqa: E402
 
-from controlplane.lab.child_lab import Lab, api, running_lab, wait_ready  # noqa: E402
+from controlplane.lab.child_lab import (  # noqa: E402
+    Lab,
+    add_lab_option,
+    api,
+    running_lab,
+    wait_ready,
+)
 
 MODEL = "llama-3.1-8b"
 EDGE_REGION = "local:eu-frankfurt"  # the lab's first edge: where batch workers send lines
@@ -392,10 +398,7 @@ def main() -> None:
                         help="the smallest run that goes through the steps: 20 lines, 2 s "
                              "of interactive load before them, a replica killed but no worker "
                              "(its lines would wait out their lease)")
-    parser.add_argument("--lab", type=Path, metavar="FILE",
-                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
-                             ".describe_lab; started with SMOKE_LAB's environment) instead of "
-                             "starting one")
+    add_lab_option(parser, "SMOKE_LAB's environment")
     parser.add_argument("--lines", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=4, help="interactive clients")
     parser.add_argument("--batch-tier", action="store_true",

@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from controlplane.lab.child_lab import (  # noqa: E402
     Lab,
+    add_lab_option,
     api,
     iso_time,
     running_lab,
@@ -312,10 +313,7 @@ def main() -> None:
                         help="the smallest run that goes through every step: the disturbed "
                              "drill only, followed until its replacements serve, no wait for "
                              "lost actions")
-    parser.add_argument("--lab", type=Path, metavar="FILE",
-                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
-                             ".describe_lab; started with SMOKE_LAB's arguments) instead of "
-                             "starting one")
+    add_lab_option(parser, "SMOKE_LAB's arguments")
     parser.add_argument("--api-threads", type=int, default=4)
     args = parser.parse_args()
     timeout_s = 30.0 if args.smoke else 60.0 if args.quick else 120.0

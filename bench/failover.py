@@ -68,6 +68,7 @@ sys.path.insert(0, str(REPO))
 from controlplane.lab import netns  # noqa: E402
 from controlplane.lab.child_lab import (  # noqa: E402
     Lab,
+    add_lab_option,
     api,
     edge_replicas,
     iso_time,
@@ -421,9 +422,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run that goes through every step: one replica per "
                              "region, the first drill only, seconds of load")
-    parser.add_argument("--lab", type=Path, metavar="FILE",
-                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
-                             ".describe_lab) instead of starting one")
+    add_lab_option(parser)
     args = parser.parse_args()
     if args.lab is not None and args.fault == "partition":
         parser.error("--fault partition starts its own lab (its regions' namespaces are set "

@@ -60,6 +60,7 @@ from failover import MODELS  # noqa: E402
 
 from controlplane.lab.child_lab import (  # noqa: E402
     Lab,
+    add_lab_option,
     api,
     attach_lab,
     edge_replicas,
@@ -366,9 +367,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run that goes through every step: two steps "
                              "(50, 100 %%) of a second's bake each")
-    parser.add_argument("--lab", type=Path, metavar="FILE",
-                        help="drive the running lab FILE describes (controlplane.lab.child_lab"
-                             ".describe_lab) instead of starting one")
+    add_lab_option(parser)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--bad-fault", choices=("slow", "fail"), default="slow")
     parser.add_argument("--bad-factor", type=float, default=4.0,

@@ -11,6 +11,7 @@ context manager that stops only a lab it started.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -173,6 +174,15 @@ def stop_lab(lab: Lab) -> None:
                          user=params.username or "postgres", password=params.password,
                          dbname="postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{lab.database}" WITH (FORCE)')
+
+
+def add_lab_option(parser: argparse.ArgumentParser, started_with: str = "") -> None:
+    """A benchmark's `--lab FILE`: drive the lab FILE describes instead of starting one;
+    `started_with` says what that lab must have been started with (its SMOKE_LAB)."""
+    needs = f"; started with {started_with}" if started_with else ""
+    parser.add_argument("--lab", type=Path, metavar="FILE",
+                        help=f"drive the running lab FILE describes (controlplane.lab."
+                             f"child_lab.describe_lab{needs}) instead of starting one")
 
 
 def describe_lab(lab: Lab, path: Path) -> None:
