@@ -199,7 +199,7 @@ def compiled(catalog) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     policy = compiler.PolicyView(scorers={"load": 1.0}, retry_before_first_byte=1,
                                  eject_after_failures=2, eject_base_s=1.0)
     return compiler.compile_table(edge, replica_views(), [], policy, version=1,
-                                  issued_at="now", key_id="k")
+                                  issued_at="2026-11-27T12:00:00+00:00", key_id="k")
 
 
 def test_the_compiled_table_carries_revision_weights(deployment, operator, catalog):  # type: ignore[no-untyped-def]
