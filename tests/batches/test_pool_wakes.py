@@ -26,8 +26,8 @@ from controlplane.batches.models import Batch, BatchLine
 from controlplane.core.models import Tier
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.routing import edge_secrets
 from controlplane.routing import services as routing
-from controlplane.routing import signing
 from controlplane.routing.models import Edge as EdgeRow
 from controlplane.scaling import autoscaler
 from controlplane.telemetry.models import ReplicaSample
@@ -42,19 +42,17 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def edge(catalog: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EdgeRow]:
+def edge(catalog: Any, tmp_path: Path, signing_key_file: Path) -> Iterator[EdgeRow]:
     """A real edge in a thread of its own, registered as the control plane's only edge (so
-    the batch runner sends through it) and verifying the tables the control plane signs."""
-    private, public = signing.generate_key_files(tmp_path / "signing-key.pem")
-    monkeypatch.setenv("MERIDIAN_SIGNING_KEY_FILE", str(private))
-    monkeypatch.delenv("MERIDIAN_SIGNING_KEY", raising=False)
-    signing.signing_key.cache_clear()
+    the batch runner sends through it), verifying the tables the control plane signs with
+    the routing tests' key and taking them on its admin port with its own secret."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     server = Edge(EdgeConfig(name="edge-eu", region="local:test-1", state_dir=tmp_path / "edge",
-                             public_keys=[load_public_key_file(public)], pull_interval_s=3600,
-                             probes=False))
+                             public_keys=[load_public_key_file(signing_key_file)],
+                             admin_secret=edge_secrets.edge_secret("edge-eu"),
+                             pull_interval_s=3600, probes=False))
     port, admin_port = asyncio.run_coroutine_threadsafe(
         server.start(("127.0.0.1", 0), ("127.0.0.1", 0)), loop).result(10)
     try:
@@ -66,7 +64,6 @@ def edge(catalog: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
-        signing.signing_key.cache_clear()
 
 
 def _publish() -> None:
