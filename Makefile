@@ -49,7 +49,7 @@ test: setup engine
 	$(BIN)/python -m controlplane.lab.prepare_tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 	@# The edge once more from its sources: what runs where it could not be compiled.
 	MERIDIAN_EDGE_PURE=1 MERIDIAN_CONTRACT_ENGINES=enginesim $(BIN)/python -m pytest tests/edge tests/contract
 
