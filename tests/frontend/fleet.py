@@ -182,6 +182,11 @@ def _add_edges(count: int, serving: list[Replica], start: int = 0) -> list[Edge]
 def seed_fleet(catalog: dict[str, Any], tenants: dict[str, Any], *, regions: int,
                replicas: int, edges: int) -> Fleet:
     _extra_regions(catalog, regions - 3)
+    # A fleet far larger than the default per-tenant caps: the caps are raised as platform
+    # staff would for such tenants, so that the pages, not the caps, are what is exercised.
+    for tenant in (tenants["acme"], tenants["globex"]):
+        tenant.max_replicas, tenant.max_gpus = 5000, 40000
+        tenant.save(update_fields=["max_replicas", "max_gpus"])
     offers = {o.region_id: o for o in Offer.objects.filter(gpu_type=catalog["h100"])}
     eu, us = catalog["eu"], catalog["us"]
     # max_replicas leaves room for grow_fleet's 1,000.
