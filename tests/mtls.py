@@ -67,6 +67,11 @@ def client_context(pki: Pki, pair: Pair | None) -> ssl.SSLContext:
     return context
 
 
+# What `answer` returns when an engine demanding a client certificate refuses the exchange.
+REFUSED = ("SSLError", "SSLEOFError", "ConnectionResetError", "RemoteDisconnected",
+           "BadStatusLine")
+
+
 def answer(host: str, port: int, method: str, path: str, context: ssl.SSLContext | None,
            body: str | None = None, headers: dict[str, str] | None = None) -> int | str:
     """The HTTP status, or the name of the error that ended the exchange (the TLS alert, or

@@ -28,14 +28,12 @@ from controlplane.lab.engines import (
 )
 from controlplane.lab.waiting import wait_until
 from edge.upstream_tls import UpstreamTLS
-from tests.mtls import Pki, answer, client_context, make_pki
+from tests.mtls import REFUSED, Pki, answer, client_context, make_pki
 
 from .conftest import TableFactory, replica
 from .helpers import running_edge
 
 ENGINE_KEY = "sk-engine-real-replica-own-key"
-REFUSED = ("SSLError", "SSLEOFError", "ConnectionResetError", "RemoteDisconnected",
-           "BadStatusLine")
 
 
 @pytest.fixture(scope="module")

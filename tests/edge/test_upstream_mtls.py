@@ -18,14 +18,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from controlplane.lab.processes import die_with_parent
 from controlplane.lab.waiting import wait_until
 from edge.upstream_tls import UpstreamTLS
-from tests.mtls import Pair, Pki, answer, client_context, make_pki
+from tests.mtls import REFUSED, Pair, Pki, answer, client_context, make_pki
 
 from .conftest import TableFactory, replica
 from .helpers import REPO, enginesim_command, enginesim_env, free_port, running_edge
 
 ENGINE_KEY = "sk-replica-1-own-key"
-REFUSED = ("SSLError", "SSLEOFError", "ConnectionResetError", "RemoteDisconnected",
-           "BadStatusLine")
 
 
 @pytest.fixture(scope="module")
