@@ -32,3 +32,18 @@ def test_a_first_byte_timeout_out_of_range_is_refused_naming_the_field(make_clie
         assert "first_byte_timeout_s" in response.json(), (value, response.json())
     policy.refresh_from_db()
     assert policy.first_byte_timeout_s == 30.0
+
+
+def test_a_body_with_a_non_finite_number_is_refused_and_nothing_changes(make_client, tenants) -> None:  # type: ignore[no-untyped-def]
+    # JSON has no NaN or Infinity; Python's parser takes them unless told not to, and a policy
+    # holding one could not be signed into a table.
+    admin = make_client(Role.ADMIN)
+    policy = RoutingPolicy.objects.get_or_create(name="default")[0]
+    for raw in ('{"first_byte_timeout_s": Infinity}', '{"aliases": {"a": {"x": NaN}}}',
+                '{"scorers": {"latency": -Infinity}}'):
+        response = admin.patch(f"/api/v1/routing-policy/{policy.pk}/", raw,
+                               content_type="application/json")
+        assert response.status_code == 400, (raw, response.content)
+        assert "JSON" in response.json()["detail"], response.json()
+    policy.refresh_from_db()
+    assert (policy.first_byte_timeout_s, policy.aliases) == (30.0, {})

@@ -31,8 +31,11 @@ NAMES = st.sampled_from(["auto", "fast", "llama-3.1-8b", "m.v1.2", "modèle", "a
 TENANTS = st.sampled_from(["acme", "globex", None])
 URLS = st.sampled_from(["http://127.0.0.1:9", "https://10.0.0.1:8443/engine-3",
                         "http://[::1]:8000", "ftp://nowhere", "http://:80", "not a url"])
+# What a JSON body can carry: no NaN or Infinity, which JSON has no words for (a body that
+# spells them anyway is refused, see test_a_body_with_a_non_finite_number_is_refused).
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 5000) | st.floats(allow_nan=False) | NAMES,
+    st.none() | st.booleans() | st.integers(-5, 5000)
+    | st.floats(allow_nan=False, allow_infinity=False) | NAMES,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
         st.sampled_from(["model", "default", "rules", "max_prompt_tokens",
                          "min_prompt_tokens", "tier", "other"]), inner, max_size=4),
