@@ -226,7 +226,9 @@ BATCH_UPLOAD_MIN_BYTES_PER_S = env_int("MERIDIAN_BATCH_UPLOAD_MIN_BYTES_PER_S", 
 
 
 class MeridianSettings(TypedDict):
-    BEAT_STALE_AFTER: timedelta
+    HEARTBEAT_S: float
+    HEARTBEAT_MISSED: int
+    HEARTBEAT_FORGET_AFTER: timedelta
     CATALOG_STALE_AFTER: timedelta
     PLACEMENT_CLOUDS: list[str]
     DEFAULT_ENGINE: str
@@ -243,8 +245,13 @@ class MeridianSettings(TypedDict):
 
 
 MERIDIAN: MeridianSettings = {
-    # Beat ticks older than this make /api/v1/status/ report beat as stale.
-    "BEAT_STALE_AFTER": timedelta(seconds=env_int("MERIDIAN_BEAT_STALE_S", 90)),
+    # Every Celery worker and beat records a heartbeat in Redis this often
+    # (controlplane.core.heartbeats); /api/v1/status/ reports one that missed HEARTBEAT_MISSED
+    # of them as stale, and a dead process's record is forgotten after HEARTBEAT_FORGET_AFTER.
+    "HEARTBEAT_S": env_float("MERIDIAN_HEARTBEAT_S", 5.0, above=0),
+    "HEARTBEAT_MISSED": env_int("MERIDIAN_HEARTBEAT_MISSED", 3, at_least=1),
+    "HEARTBEAT_FORGET_AFTER": timedelta(
+        seconds=env_int("MERIDIAN_HEARTBEAT_FORGET_S", 600, at_least=1)),
     "CATALOG_STALE_AFTER": timedelta(hours=env_int("MERIDIAN_CATALOG_STALE_H", 24 * 7)),
     # Clouds the solver may place new replicas on (empty: every enabled cloud). The lab
     # sets "local": it can launch nothing else.

@@ -373,14 +373,29 @@ class _Check(serializers.Serializer):
     detail = serializers.CharField()
 
 
+class _ProcessHeartbeat(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["worker", "beat"])
+    name = serializers.CharField()
+    hostname = serializers.CharField()
+    pid = serializers.IntegerField()
+    queues = serializers.ListField(child=serializers.CharField())
+    at = serializers.FloatField(help_text="Unix time of its last heartbeat")
+    age_s = serializers.FloatField()
+    ok = serializers.BooleanField(help_text="fresh: within stale_after_s")
+
+
 class StatusSerializer(serializers.Serializer):
     ok = serializers.BooleanField()
     database = _Check()
     redis = _Check()
     celery = _Check()
     beat = _Check()
-    workers = serializers.ListField(child=serializers.CharField())
-    last_beat_tick = serializers.DateTimeField(allow_null=True)
+    workers = serializers.ListField(child=serializers.CharField(),
+                                    help_text="workers whose heartbeat is fresh")
+    heartbeats = _ProcessHeartbeat(many=True)
+    stale_after_s = serializers.FloatField()
+    last_beat_tick = serializers.DateTimeField(
+        allow_null=True, help_text="when a worker last ran beat's core.beat_tick")
 
 
 class EdgeSerializer(_PlatformDetail):

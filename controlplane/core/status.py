@@ -1,4 +1,6 @@
-"""The system's health at a glance: database, Redis, Celery workers and the last beat tick."""
+"""The system's health at a glance: database, Redis, and the Celery workers and beat as their
+heartbeats show them (controlplane.core.heartbeats). Nothing here waits on a worker: a
+status read is a few round-trips to Postgres and Redis, whatever the workers are doing."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
 from controlplane.celery import app
+from controlplane.core import heartbeats
 from controlplane.core.models import Heartbeat
 
 BEAT_HEARTBEAT = "celery-beat"
@@ -37,37 +39,67 @@ def _database() -> None:
         cursor.execute("SELECT 1")
 
 
-def _workers(timeout_s: float) -> list[str]:
-    replies = app.control.ping(timeout=timeout_s) or []
-    return sorted(name for reply in replies for name in reply)
+def _stale(beats: list[heartbeats.Heartbeat], now: float) -> str:
+    return ", ".join(f"{b.name} (last heartbeat {b.age_s(now):.0f} s ago)"
+                     for b in beats if not b.fresh(now))
 
 
-def collect(ping_timeout_s: float = 0.5) -> dict[str, Any]:
+def workers_check(beats: list[heartbeats.Heartbeat], now: float) -> dict[str, Any]:
+    """ok when some worker beats, none is stale, and every queue has a fresh worker."""
+    workers = [b for b in beats if b.kind == heartbeats.WORKER]
+    if not workers:
+        return {"ok": False, "detail": "no worker heartbeat recorded"}
+    fresh = [b for b in workers if b.fresh(now)]
+    problems = []
+    if stale := _stale(workers, now):
+        problems.append(f"stale: {stale}")
+    served = {queue for b in fresh for queue in b.queues}
+    if unserved := sorted({q.name for q in app.conf.task_queues or ()} - served):
+        problems.append(f"no fresh worker consumes {', '.join(unserved)}")
+    if problems:
+        return {"ok": False, "detail": "; ".join(problems)}
+    return {"ok": True, "detail": f"{len(fresh)} worker(s) fresh"}
+
+
+def beat_check(beats: list[heartbeats.Heartbeat], now: float) -> dict[str, Any]:
+    """ok when some beat ticks and none is stale."""
+    beats = [b for b in beats if b.kind == heartbeats.BEAT]
+    if not beats:
+        return {"ok": False, "detail": "no beat heartbeat recorded"}
+    if stale := _stale(beats, now):
+        return {"ok": False, "detail": f"stale: {stale}"}
+    return {"ok": True, "detail": ", ".join(f"{b.name}: last tick {b.age_s(now):.0f} s ago"
+                                            for b in beats)}
+
+
+def _described(beat: heartbeats.Heartbeat, now: float) -> dict[str, Any]:
+    return {"kind": beat.kind, "name": beat.name, "hostname": beat.hostname, "pid": beat.pid,
+            "queues": list(beat.queues), "at": beat.at, "age_s": round(beat.age_s(now), 1),
+            "ok": beat.fresh(now)}
+
+
+def collect() -> dict[str, Any]:
     database = _timed(_database)
-    redis_check = _timed(lambda: redis_client().ping())
-    workers: list[str] = []
+    client = redis_client()
+    beats: list[heartbeats.Heartbeat] = []
+    redis_check = _timed(lambda: beats.extend(heartbeats.read_all(client)))
+    now = time.time()
     if redis_check["ok"]:
-        celery = _timed(lambda: workers.extend(_workers(ping_timeout_s)))
-        if celery["ok"]:
-            celery = {"ok": bool(workers), "detail": f"{len(workers)} worker(s) answered"}
+        celery, beat = workers_check(beats, now), beat_check(beats, now)
     else:
-        celery = {"ok": False, "detail": "broker unreachable"}
+        celery = beat = {"ok": False, "detail": "broker unreachable"}
     last_tick = None
-    if database["ok"]:
+    if database["ok"]:  # core.beat_tick: beat → broker → a control worker → Postgres
         row = Heartbeat.objects.filter(name=BEAT_HEARTBEAT).first()
         last_tick = row.at if row else None
-    if last_tick is None:
-        beat = {"ok": False, "detail": "no beat tick recorded yet"}
-    else:
-        age = timezone.now() - last_tick
-        fresh = age <= settings.MERIDIAN["BEAT_STALE_AFTER"]
-        beat = {"ok": fresh, "detail": f"last tick {age.total_seconds():.0f} s ago"}
     return {
         "ok": database["ok"] and redis_check["ok"],
         "database": database,
         "redis": redis_check,
         "celery": celery,
         "beat": beat,
-        "workers": workers,
+        "workers": [b.name for b in beats if b.kind == heartbeats.WORKER and b.fresh(now)],
+        "heartbeats": [_described(b, now) for b in beats],
+        "stale_after_s": heartbeats.stale_after_s(),
         "last_beat_tick": last_tick,
     }
