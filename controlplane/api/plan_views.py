@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Prefetch
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -56,11 +57,23 @@ class PlanSerializer(serializers.ModelSerializer):
         fields = ["id", "status", "trigger", "scope", "explanation", "cost_before_usd_h",
                   "cost_after_usd_h", "saving_usd_h", "nothing_to_do", "unplaced", "solver",
                   "proposed_by", "created_at", "reviewed_by", "reviewed_at", "applied_at",
-                  "changes", "inputs", "log"]
+                  "superseded_by", "basis", "basis_fingerprint", "changes", "inputs", "log"]
         read_only_fields = fields
 
     def get_nothing_to_do(self, plan: Plan) -> bool:
         return plan.has_plan and not plan.changes.all()
+
+
+class PlanRefusal(serializers.Serializer):
+    detail = serializers.CharField()
+    changed = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="What moved in the fleet since the plan was computed, one line each.")
+    superseded_by = serializers.IntegerField(required=False, allow_null=True,
+                                             help_text="The newer plan that replaced it.")
+    propose_url = serializers.CharField(
+        required=False, help_text="POST here (with `propose`) to plan the fleet as it is now.")
+    propose = serializers.DictField(required=False)
 
 
 class ProposeRequest(serializers.Serializer):
@@ -112,15 +125,15 @@ class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         try:
             step(plan.pk, self._actor(request), *args)
         except plans.PlanStateError as exc:
-            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+            return Response(_refusal(plan, exc), status=status.HTTP_409_CONFLICT)
         return Response(PlanSerializer(self.get_queryset().get(pk=plan.pk)).data)
 
-    @extend_schema(request=ReviewRequest, responses=PlanSerializer)
+    @extend_schema(request=ReviewRequest, responses={200: PlanSerializer, 409: PlanRefusal})
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: Any = None) -> Response:
         return self._review(request, plans.approve)
 
-    @extend_schema(request=ReviewRequest, responses=PlanSerializer)
+    @extend_schema(request=ReviewRequest, responses={200: PlanSerializer, 409: PlanRefusal})
     @action(detail=True, methods=["post"])
     def apply(self, request: Request, pk: Any = None) -> Response:
         """Start make-before-break: new replicas first, removals once they are ready."""
@@ -132,3 +145,15 @@ class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         body = ReviewRequest(data=request.data)
         body.is_valid(raise_exception=True)
         return self._review(request, plans.reject, body.validated_data["reason"])
+
+
+def _refusal(plan: Plan, exc: plans.PlanStateError) -> dict[str, Any]:
+    """A 409's body: why, and for a stale plan what moved and how to propose again."""
+    body: dict[str, Any] = {"detail": str(exc)}
+    if isinstance(exc, plans.PlanSupersededError):
+        body["superseded_by"] = exc.by
+    if isinstance(exc, plans.PlanStaleError):
+        body["changed"] = exc.changed
+        body["propose_url"] = reverse("plan-propose")
+        body["propose"] = {"deployments": list(plan.scope)}
+    return body

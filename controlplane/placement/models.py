@@ -15,6 +15,11 @@ class PlanStatus(models.TextChoices):
     REJECTED = "rejected", "Rejected"
     INFEASIBLE = "infeasible", "Infeasible"
     FAILED = "failed", "Failed"
+    SUPERSEDED = "superseded", "Superseded"
+
+
+# Plans that have not acted yet: a newer plan over the same deployments supersedes them.
+OPEN_STATUSES = (PlanStatus.PROPOSED, PlanStatus.APPROVED)
 
 
 class Plan(models.Model):
@@ -38,6 +43,19 @@ class Plan(models.Model):
     reviewed_at = models.DateTimeField(null=True, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
     log = models.TextField(blank=True)
+    # The fleet state the plan was computed from (placement.basis): what approve and apply
+    # check, in their transaction, before they act.
+    basis = models.JSONField(
+        default=dict, blank=True,
+        help_text="Per deployment in scope: its rule inputs and the replicas the solver "
+                  "counted (state, region, offer, spot), as they were when proposed.")
+    basis_fingerprint = models.CharField(
+        max_length=64, blank=True,
+        help_text="sha256 of what in `basis` the solver reads; empty for plans stored "
+                  "before plans recorded it.")
+    superseded_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes",
+        help_text="The newer plan over the same deployments that replaced this one.")
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -17,8 +18,15 @@ from controlplane.deployments.caps import plan_allowances
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import ENGINE_CLOUDS, Deployment, Model, Replica
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
+from controlplane.placement import basis
 from controlplane.placement.capacity import GpuSpec, ModelSpec
-from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+from controlplane.placement.models import (
+    OPEN_STATUSES,
+    ChangeAction,
+    Plan,
+    PlanChange,
+    PlanStatus,
+)
 from controlplane.placement.problem import (
     DeploymentRequest,
     ExistingReplica,
@@ -99,9 +107,10 @@ def quota_left(planned: Iterable[int]) -> dict[tuple[str, str], int]:
 
 
 def existing_replicas(deployments: Iterable[Deployment]) -> tuple[ExistingReplica, ...]:
+    """Replicas the plan keeps or removes: live ones the plan may count on (`basis.counted`).
+    A draining replica is leaving already; counted, a plan would remove others in its place."""
     counts: Counter[tuple[int, int, bool]] = Counter()
-    for r in Replica.objects.filter(deployment__in=list(deployments), state__in=LIVE_STATES,
-                                    offer__isnull=False):
+    for r in basis.counted([d.pk for d in deployments]).filter(offer__isnull=False):
         assert r.offer_id is not None  # filtered on offer__isnull=False
         counts[(r.deployment_id, r.offer_id, r.spot)] += 1
     return tuple(ExistingReplica(d, o, s, n) for (d, o, s), n in counts.items())
@@ -118,7 +127,10 @@ def build_problem(deployments: list[Deployment]) -> PlacementProblem:
 
 @transaction.atomic
 def store_plan(result: PlacementResult, deployments: list[Deployment], actor: str,
-               trigger: str) -> Plan:
+               trigger: str, taken: dict[str, Any] | None = None) -> Plan:
+    """Store the solver's result as a plan with its basis (`taken` before the solve: the
+    fleet state it was computed from; read now when None), superseding older open plans
+    over any of the same deployments."""
     by_id = {d.pk: d for d in deployments}
     offers = {o.pk: o for o in Offer.objects.filter(
         pk__in=[c.offer_id for c in result.changes]).select_related("region")}
@@ -151,18 +163,41 @@ def store_plan(result: PlacementResult, deployments: list[Deployment], actor: st
     if result.has_plan:
         mark_placeable(set(by_id) - {i for i, _ in result.unplaced})
     mark_unplaceable({i: why for i, why in result.unplaced if i in by_id})
+    basis.record(plan, taken if taken is not None else basis.snapshot(by_id))
     record_audit(actor, "plan.propose", plan, reason=plan.explanation or (
         "no changes: nothing to do" if not result.changes else
         f"${result.cost_before_usd_h:.2f}/h → ${result.cost_after_usd_h:.2f}/h"))
+    supersede_older(plan, actor)
     return plan
+
+
+def supersede_older(plan: Plan, actor: str) -> list[int]:
+    """Mark superseded by `plan` every older open plan (proposed, or approved and not
+    applying) over any of its deployments; an infeasible plan supersedes nothing. Each move
+    is conditional, so a plan that an operator starts applying at the same moment is either
+    applying or superseded, never both."""
+    if plan.status != PlanStatus.PROPOSED:
+        return []
+    mine = set(plan.scope)
+    done = []
+    for older in Plan.objects.filter(status__in=OPEN_STATUSES, pk__lt=plan.pk).only(
+            "pk", "scope").order_by("pk"):
+        if mine and older.scope and not mine & set(older.scope):
+            continue
+        if Plan.objects.filter(pk=older.pk, status__in=OPEN_STATUSES).update(
+                status=PlanStatus.SUPERSEDED, superseded_by=plan):
+            record_audit(actor, "plan.superseded", older, reason=f"superseded by plan {plan.pk}")
+            done.append(older.pk)
+    return done
 
 
 def propose_plan(deployments: Iterable[Deployment] | None, *, actor: str, trigger: str) -> Plan:
     chosen = list(deployments) if deployments else list(Deployment.objects.all())
     chosen = list(Deployment.objects.filter(pk__in=[d.pk for d in chosen]).select_related(
         "model").prefetch_related("allowed_jurisdictions", "user_regions"))
+    taken = basis.snapshot(d.pk for d in chosen)
     result = solve_placeable(build_problem(chosen))
-    plan = store_plan(result, chosen, actor, trigger)
+    plan = store_plan(result, chosen, actor, trigger, taken)
     mark_unplaceable(cap_shortfalls(chosen))
     return plan
 

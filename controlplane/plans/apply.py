@@ -8,6 +8,10 @@ replan, in tasks.py, applies plans through this module).
 Applying adds the new replicas first; removals are drained only once every added replica
 is ready, so capacity never dips below what the deployment had. Status changes are
 conditional updates, so two operators clicking at once act once.
+
+Plans are optimistic: approve and apply lock the plan, refuse a plan a newer one superseded,
+and check in the same transaction that the fleet is still the one the plan was computed
+from (plans.freshness); if it moved they refuse naming what moved, and nothing changes.
 """
 
 from __future__ import annotations
@@ -22,14 +26,34 @@ from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
+from controlplane.plans import freshness
+from controlplane.plans.errors import PlanStaleError, PlanStateError, PlanSupersededError
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.scaling.services import retire_replica
+
+__all__ = ["PlanStaleError", "PlanStateError", "PlanSupersededError", "advance",
+           "advance_plan", "applying_plans", "approve", "reject", "start_apply"]
 
 ADVANCE_EVERY_S = 1.0
 
 
-class PlanStateError(Exception):
-    """The plan is not in a state that allows this action."""
+def _locked(plan_id: int, allowed: tuple[str, ...]) -> Plan:
+    """The plan, its row locked until the transaction ends, in one of the `allowed` states."""
+    plan = Plan.objects.select_for_update().get(pk=plan_id)
+    if plan.status == PlanStatus.SUPERSEDED:
+        raise PlanSupersededError(plan_id, plan.superseded_by_id)
+    if plan.status not in allowed:
+        raise PlanStateError(
+            f"plan {plan_id} is {plan.status}; this needs it to be {' or '.join(allowed)}")
+    return plan
+
+
+def _checked(plan_id: int, allowed: tuple[str, ...]) -> None:
+    """Refuse unless the plan is in an `allowed` state, changes something, and was computed
+    from the fleet as it is now."""
+    plan = _locked(plan_id, allowed)
+    _refuse_empty(plan_id)
+    freshness.verify(plan)
 
 
 def _move(plan_id: int, allowed: tuple[str, ...], to: str, **fields: object) -> Plan:
@@ -57,7 +81,7 @@ def _cost_words(plan: Plan) -> str:
 
 @transaction.atomic
 def approve(plan_id: int, actor: str) -> Plan:
-    _refuse_empty(plan_id)
+    _checked(plan_id, (PlanStatus.PROPOSED,))
     plan = _move(plan_id, (PlanStatus.PROPOSED,), PlanStatus.APPROVED,
                  reviewed_by=actor, reviewed_at=timezone.now())
     record_audit(actor, "plan.approve", plan, reason=_cost_words(plan))
@@ -66,6 +90,7 @@ def approve(plan_id: int, actor: str) -> Plan:
 
 @transaction.atomic
 def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
+    _locked(plan_id, (PlanStatus.PROPOSED, PlanStatus.APPROVED))
     plan = _move(plan_id, (PlanStatus.PROPOSED, PlanStatus.APPROVED), PlanStatus.REJECTED,
                  reviewed_by=actor, reviewed_at=timezone.now())
     record_audit(actor, "plan.reject", plan, reason=reason or "rejected")
@@ -75,7 +100,7 @@ def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
 @transaction.atomic
 def start_apply(plan_id: int, actor: str) -> Plan:
     """approved → applying: request every added replica now; removals wait for them."""
-    _refuse_empty(plan_id)
+    _checked(plan_id, (PlanStatus.APPROVED,))
     plan = _move(plan_id, (PlanStatus.APPROVED,), PlanStatus.APPLYING)
     record_audit(actor, "plan.apply", plan, reason="make-before-break: adds first")
     adds = plan.changes.filter(action=ChangeAction.ADD).select_related(

@@ -14,7 +14,9 @@ Every run (`placement.replan`, under an advisory lock):
    passes both thresholds (absolute $/h and a fraction of today's $/h); a plan identical to
    the one already proposed is kept, not repeated, and one an operator rejected recently is
    not proposed again;
-4. supersedes (rejects with the reason) older proposed plans for the same scope;
+4. records on the plan the fleet state it was computed from (its basis, read before the
+   solve) and marks superseded the older open plans over any of the same deployments; an
+   earlier proposed plan with the same changes is kept only while its basis still holds;
 5. approves and applies the plan as `system:replan` when every deployment it changes allows
    `auto_apply_plans` — through `plans.approve`/`plans.start_apply`, so make-before-break
    holds — and otherwise leaves it for an operator.
@@ -43,6 +45,7 @@ from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.failover.models import Health, RegionHealth
+from controlplane.placement import basis
 from controlplane.placement.candidates import CandidateIndex
 from controlplane.placement.capacity import replica_nodes
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
@@ -58,6 +61,7 @@ from controlplane.placement.proposals import (
 from controlplane.placement.result import PlacementResult
 from controlplane.placement.search import solve_placeable
 from controlplane.plans import apply as plans
+from controlplane.plans import freshness
 from regions.models import Quota, Region
 
 ACTOR = "system:replan"
@@ -339,6 +343,7 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
     if busy is not None:
         return ReplanOutcome("skipped", f"plan {busy.pk} is {busy.status}; replanning waits")
 
+    taken = basis.snapshot(d.pk for d in deployments)
     down = {r.key for r in Region.objects.filter(pk__in=down_regions()).select_related("cloud")}
     options = tuple(o for o in offer_options() if o.region not in down)
     broken = find_broken_rules(deployments, options, thresholds)
@@ -371,8 +376,8 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
     for earlier in _replan_plans(scope, thresholds):
         same = (_plan_signature(earlier) == signature
                 and (result.status != "infeasible" or earlier.explanation == infeasible_text))
-        if not same:
-            continue
+        if not same or (earlier.status == PlanStatus.PROPOSED and freshness.moved(earlier)):
+            continue  # a proposed plan whose fleet moved is superseded by the one below
         if earlier.status == PlanStatus.INFEASIBLE:
             outcome.action, outcome.plan = "unchanged", earlier
             outcome.reason = f"plan {earlier.pk} already says why no plan fits"
@@ -389,7 +394,7 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
         outcome.reason = (f"{earlier.reviewed_by} rejected the same changes in plan "
                           f"{earlier.pk} at {earlier.reviewed_at:%Y-%m-%d %H:%M}")
         return outcome
-    return _propose(deployments, scope, result, broken, thresholds, outcome)
+    return _propose(deployments, taken, result, broken, thresholds, outcome)
 
 
 def _replan_plans(scope: list[str], thresholds: Thresholds) -> list[Plan]:
@@ -415,10 +420,10 @@ def _trigger(broken: list[BrokenRule]) -> str:
 
 
 @transaction.atomic
-def _propose(deployments: list[Deployment], scope: list[str], result: PlacementResult,
+def _propose(deployments: list[Deployment], taken: dict[str, Any], result: PlacementResult,
              broken: list[BrokenRule], thresholds: Thresholds, outcome: ReplanOutcome
              ) -> ReplanOutcome:
-    plan = store_plan(result, deployments, ACTOR, _trigger(broken))
+    plan = store_plan(result, deployments, ACTOR, _trigger(broken), taken)
     by_region = _reasons_by_region(broken)
     _add_orphan_removals(plan, broken)
     for change in plan.changes.filter(action=ChangeAction.REMOVE).select_related(
@@ -446,11 +451,7 @@ def _propose(deployments: list[Deployment], scope: list[str], result: PlacementR
     if plan.status == PlanStatus.INFEASIBLE:
         outcome.action, outcome.reason = "infeasible", plan.explanation
         return outcome
-    for older in Plan.objects.filter(status=PlanStatus.PROPOSED).exclude(pk=plan.pk).order_by(
-            "pk"):
-        if sorted(older.scope) == scope:
-            plans.reject(older.pk, ACTOR, reason=f"superseded by plan {plan.pk}")
-            outcome.superseded.append(older.pk)
+    outcome.superseded = sorted(plan.supersedes.values_list("pk", flat=True))
     if not _apply_if_allowed(plan, outcome):
         outcome.action = "proposed"
     return outcome
@@ -463,8 +464,13 @@ def _apply_if_allowed(plan: Plan, outcome: ReplanOutcome) -> bool:
     if manual:
         outcome.reason = f"waits for an operator: {', '.join(manual)} apply plans by hand"
         return False
-    plans.approve(plan.pk, ACTOR)
-    outcome.plan = plans.start_apply(plan.pk, ACTOR)
+    try:
+        with transaction.atomic():
+            plans.approve(plan.pk, ACTOR)
+            outcome.plan = plans.start_apply(plan.pk, ACTOR)
+    except plans.PlanStaleError as exc:  # the fleet moved during the solve
+        outcome.reason = f"left proposed: {exc}"
+        return False
     outcome.action = "applied"
     outcome.reason = "every deployment it changes applies plans automatically"
     return True

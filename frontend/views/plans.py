@@ -16,9 +16,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 
 from controlplane.core.models import Role
-from controlplane.placement.models import Plan, PlanChange, PlanStatus
+from controlplane.placement.models import OPEN_STATUSES, Plan, PlanChange, PlanStatus
 from controlplane.placement.proposals import propose_plan
 from controlplane.plans import apply as plans
+from controlplane.plans.freshness import moved
 from frontend.access import dashboard_view, forbidden, principal_of
 from frontend.forms import ReasonForm
 from frontend.views.common import paginate, query_without_page, render_page
@@ -41,8 +42,11 @@ def plan_list(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     if status in PlanStatus.values:
         rows = rows.filter(status=status)
+    page = paginate(request, rows.order_by("-created_at", "-id"))
     return render_page(request, "frontend/plans/list.html", {
-        "page": paginate(request, rows.order_by("-created_at", "-id")),
+        "page": page,
+        # Open plans on this page whose fleet moved since: they can only be proposed again.
+        "stale": {plan.pk for plan in page if plan.status in OPEN_STATUSES and moved(plan)},
         "query": query_without_page(request),
         "statuses": PlanStatus.choices,
         "status": status,
@@ -62,13 +66,16 @@ def plan_detail(request: HttpRequest, pk: int) -> HttpResponse:
     ).order_by("deployment__name", "action", "id")
     plan = get_object_or_404(Plan.objects.prefetch_related(Prefetch("changes", changes)), pk=pk)
     rows = list(plan.changes.all())
+    # An open plan whose fleet moved since it was computed cannot act (plans.freshness).
+    stale = moved(plan) if plan.status in OPEN_STATUSES else []
     return render_page(request, "frontend/plans/detail.html", {
         "plan": plan,
         "changes": rows,
+        "stale": stale,
         "may_review": _may_review(request),
         # A plan that changes nothing has nothing to approve or apply (plans.apply refuses).
-        "can_approve": plan.status == PlanStatus.PROPOSED and bool(rows),
-        "can_apply": plan.status == PlanStatus.APPROVED and bool(rows),
+        "can_approve": plan.status == PlanStatus.PROPOSED and bool(rows) and not stale,
+        "can_apply": plan.status == PlanStatus.APPROVED and bool(rows) and not stale,
         "can_reject": plan.status in (PlanStatus.PROPOSED, PlanStatus.APPROVED),
         "solver": _solver_facts(plan.solver),
     }, section="plans")

@@ -15,6 +15,7 @@ from controlplane.core.models import AuditLog
 from controlplane.core.services import issue_api_key
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.placement.basis import record
 from controlplane.placement.models import ChangeAction, Plan, PlanChange
 from controlplane.routing.models import Edge, RoutingTable
 from controlplane.telemetry.models import ReplicaSample
@@ -213,6 +214,7 @@ def seed_fleet(catalog: dict[str, Any], tenants: dict[str, Any], *, regions: int
                    region=catalog["fra"], offer=offers[catalog["fra"].pk], count=1,
                    usd_h_delta=Decimal("-12.29"), reason="more expensive than europe-west4"),
     ])
+    record(plan)  # computed from the fleet as seeded
     _samples([r for r in serving if r.deployment_id == deployments[0].pk][:3])
     return Fleet(deployments=deployments, edges=edge_rows, plan=plan, replicas=made)
 

@@ -164,8 +164,9 @@ def test_newer_plans_supersede_older_ones_and_repeats_are_not_stored(world, cata
     second = replan()
     assert second.action == "proposed" and second.superseded == [plan_of(first).pk]
     old = Plan.objects.get(pk=plan_of(first).pk)
-    assert old.status == PlanStatus.REJECTED and old.reviewed_by == "system:replan"
-    assert AuditLog.objects.get(action="plan.reject", object_id=str(old.pk)).reason == (
+    assert old.status == PlanStatus.SUPERSEDED and old.superseded_by_id == plan_of(second).pk
+    assert old.reviewed_by == ""  # superseded, not reviewed
+    assert AuditLog.objects.get(action="plan.superseded", object_id=str(old.pk)).reason == (
         f"superseded by plan {plan_of(second).pk}")
 
     plans.reject(plan_of(second).pk, "alice", "not this week")

@@ -226,6 +226,7 @@ def test_the_planner_places_no_more_than_the_caps_leave(fx):  # type: ignore[no-
 
 
 def test_applying_a_plan_past_a_cap_makes_nothing_and_says_why(fx):  # type: ignore[no-untyped-def]
+    from controlplane.placement.basis import record
     from controlplane.placement.models import Plan, PlanChange, PlanStatus
     from controlplane.plans.apply import PlanStateError, start_apply
 
@@ -237,6 +238,7 @@ def test_applying_a_plan_past_a_cap_makes_nothing_and_says_why(fx):  # type: ign
     PlanChange.objects.create(plan=plan, deployment=d, action="add", region=fx["fra"],
                               offer=Offer.objects.get(region=fx["fra"], gpu_type=fx["h100"]),
                               count=3, reason="demand")
+    record(plan)  # the fleet it was computed from: as it is now
     with pytest.raises(PlanStateError, match="only 1 fit its tenant's caps: tenant acme runs"):
         start_apply(plan.pk, "tester")
     plan.refresh_from_db()
