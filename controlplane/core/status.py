@@ -18,11 +18,20 @@ from controlplane.core.models import Heartbeat
 BEAT_HEARTBEAT = "celery-beat"
 
 
+_clients: dict[tuple[str, float], redis.Redis] = {}
+
+
 def redis_client(url: str | None = None, timeout_s: float = 1.0) -> redis.Redis:
+    """A client of `url` (REDIS_URL by default), one per URL and timeout in each process:
+    its pool keeps connections open between calls (and starts afresh in a forked child)."""
     url = url or settings.REDIS_URL
     if url.startswith("redis+socket://"):
         url = "unix://" + url.removeprefix("redis+socket://")
-    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = _clients.get((url, timeout_s))
+    if client is None:
+        client = _clients.setdefault((url, timeout_s), redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s))
+    return client
 
 
 def _timed(check: Any) -> dict[str, Any]:

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from controlplane.lab.bootstrap import LabCredentials
 
 
+# The web tier on the 2-core lab machine: 2 workers × 4 threads served bench/api_load.py's 32
+# clients best of those measured (2 × 4, 4 × 8 and 32 sync workers; README, Benchmarks): more
+# processes or threads only share the same two cores more ways.
+WEB_WORKERS = 2
+WEB_THREADS = 4
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m controlplane.lab", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
@@ -34,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "two regions, one core each)")
     parser.add_argument("--no-fleet", action="store_true",
                         help="control plane only: no local replicas, no edges")
+    parser.add_argument("--web-workers", type=int, default=WEB_WORKERS,
+                        help="gunicorn worker processes (default %(default)s)")
+    parser.add_argument("--web-threads", type=int, default=WEB_THREADS,
+                        help="threads per gunicorn worker (default %(default)s; 1: sync workers)")
     parser.add_argument("--replicas-of-each", type=int, default=1, metavar="N",
                         help="run N of each control-plane process (web, control worker, "
                              "provision worker, batch worker, beat); with 2 or more the lab "
@@ -181,12 +192,14 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
     # periodic task takes an advisory lock, so a task sent twice acts once).
     for i in range(1, args.replicas_of_each + 1):
         n = "" if i == 1 else str(i)
-        # --preload: a restarted master loads Django before it binds, so the kernel never
-        # hands connections to a listener whose workers are still importing.
-        reuse = ["--reuse-port", "--preload"] if args.replicas_of_each > 1 else []
+        # --preload: Django is imported once, in the master, before it binds and forks its
+        # workers: a many-worker tier starts as fast as one worker, and a restarted master
+        # never gets connections from the kernel while its workers are still importing.
+        reuse = ["--reuse-port"] if args.replicas_of_each > 1 else []
         group.start(f"web{n}", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
-                                "--workers", "2", "--threads", "4", "--access-logfile", "-",
-                                *reuse])
+                                "--workers", str(args.web_workers),
+                                "--threads", str(args.web_threads), "--access-logfile", "-",
+                                "--preload", *reuse])
         # Fast loops and slow provider jobs get their own workers, so a launch in progress
         # never delays the failover watch.
         group.start(f"worker{n}", [python, "-m", "celery", "-A", "controlplane", "worker",
