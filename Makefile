@@ -11,6 +11,10 @@ EDGE_BUILD := edge/_build/stamp.json
 .PHONY: setup engine up test test-fast lint bench clean edge-native edge-pure
 # `make up ENGINE=vllm` runs real vLLM engines (CPU build) instead of enginesim.
 ENGINE ?= enginesim
+# pytest-xdist workers for `make test`: more than the cores, as much of the suite waits on the
+# processes it starts (engines, edges, labs); tests/conftest.py keeps together what must be.
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 # The lab and the tests run in lab mode (lab-only secrets, plain HTTP); production is the default.
 up test test-fast bench lint: export MERIDIAN_LAB = 1
 
@@ -49,12 +53,12 @@ test: setup engine
 	$(BIN)/python -m controlplane.lab.prepare_tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=25
 	@# The edge once more from its sources: what runs where it could not be compiled.
-	MERIDIAN_EDGE_PURE=1 MERIDIAN_CONTRACT_ENGINES=enginesim $(BIN)/python -m pytest tests/edge tests/contract
+	MERIDIAN_EDGE_PURE=1 MERIDIAN_CONTRACT_ENGINES=enginesim $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/edge tests/contract
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not e2e and not browser and not real_engine and not skypilot_server"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not browser and not real_engine and not skypilot_server"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -18,13 +19,44 @@ REAL_ENGINE_PARAMS = {"vllm", "vllm-cpu"}
 _real_engine_outcomes: dict[str, int] = {}
 
 
+TESTS = Path(__file__).resolve().parent
+# Tests that start a whole lab (web, workers, beat, edges): one at a time, on one worker, as
+# each lab's Celery workers would take the tasks of another lab sharing its Redis database.
+LAB_FILES = {"e2e/test_lab.py", "e2e/test_lab_shutdown.py", "bench/test_benchmarks.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that runs against a real vLLM, so the run can say how many did."""
+    """Mark every test that runs against a real vLLM, so the run can say how many did, and
+    give each test its pytest-xdist group (`--dist loadgroup` in `make test`)."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         params = {str(v) for v in callspec.params.values()} if callspec else set()
         if params & REAL_ENGINE_PARAMS:
             item.add_marker(pytest.mark.real_engine)
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """Which tests must share a worker: those that start a lab (all of them, one after
+    another), and those that share a fixture wider than a test (a module's or a package's
+    engine, edge or server), so that it starts once. Every other test goes wherever a worker
+    is free."""
+    path = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+    if path in LAB_FILES:
+        return "labs"
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    # The suite's own fixtures (a plugin's, such as pytest-django's, are made on every worker)
+    scopes = {definition.scope for definitions in (
+        fixture_info.name2fixturedefs.values() if fixture_info else ())
+        for definition in definitions if definition.baseid.startswith("tests")}
+    if "package" in scopes:
+        return path.rsplit("/", 1)[0]
+    if scopes & {"module", "class"}:
+        return path
+    return None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

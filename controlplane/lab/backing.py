@@ -15,6 +15,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 VAR_DIR = REPO_ROOT / "var"
 LOCAL_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/meridian"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+# Redis databases: 0 for `make up` and a serial test run, 1-12 for the labs that tests and
+# benchmarks start (`lab_redis_db`), 13-15 for pytest-xdist's workers (`worker_redis_url`).
+LAB_REDIS_DBS = 12
+WORKER_REDIS_DBS = (13, 14, 15)
 
 
 def port_answers(host: str, port: int, timeout_s: float = 0.2) -> bool:
@@ -57,6 +61,23 @@ def lab_redis_url() -> str:
         wait_until(lambda: _unix_socket_answers(sock), 30,
                    f"the embedded Redis answering on {sock}", every_s=0.1)
     return f"redis+socket://{sock}"
+
+
+def lab_redis_db(port: int) -> int:
+    """The Redis database of a lab started on `port` (its web port): 1-12, apart from the
+    test workers' databases."""
+    return 1 + port % LAB_REDIS_DBS
+
+
+def worker_redis_url(base: str, worker: str) -> str:
+    """`base` with the database of pytest-xdist worker `worker` ("gw0", "gw1", ...)."""
+    index = int(worker.removeprefix("gw") or 0) if worker.removeprefix("gw").isdigit() else 0
+    db = WORKER_REDIS_DBS[index % len(WORKER_REDIS_DBS)]
+    if base.startswith(("redis+socket://", "unix://")):
+        path = base.split("?", 1)[0]
+        return f"{path}?db={db}"
+    scheme_host = base.rsplit("/", 1)[0] if base.count("/") >= 3 else base.rstrip("/")
+    return f"{scheme_host}/{db}"
 
 
 def _unix_socket_answers(path: Path) -> bool:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from controlplane.lab import backing
 from controlplane.lab.processes import die_with_parent
 from controlplane.lab.waiting import wait_until
 from controlplane.provisioning.local import free_port
@@ -103,7 +104,7 @@ def start_lab(var_dir: Path, engine: str = "enginesim", *, replicas_per_region: 
     database_url = urlunsplit(urlsplit(default_db)._replace(path=f"/{name}"))
     child_env = {**os.environ, "DATABASE_URL": database_url,
                  "REDIS_URL": os.environ.get("BENCH_REDIS_URL",
-                                             f"redis://127.0.0.1:6379/{1 + web % 15}"),
+                                             f"redis://127.0.0.1:6379/{backing.lab_redis_db(web)}"),
                  "MERIDIAN_BEAT_STALE_S": "60", "MERIDIAN_LAB": "1", **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from controlplane.lab import backing
 from controlplane.lab.processes import die_with_parent
 
 pytestmark = pytest.mark.e2e
@@ -47,7 +48,7 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
         "DATABASE_URL": urlunsplit(parts._replace(path=f"/{lab_db}")),
         "MERIDIAN_BEAT_STALE_S": "60",
         # A Redis database of its own: another lab on this machine must not take its tasks.
-        "REDIS_URL": f"redis://127.0.0.1:6379/{1 + port % 15}",
+        "REDIS_URL": f"redis://127.0.0.1:6379/{backing.lab_redis_db(port)}",
     }
     lab = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir", str(tmp_path),

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from controlplane.lab import backing
 from controlplane.lab.guard import STOPPED
 from controlplane.lab.waiting import WaitTimeout, wait_until
 from controlplane.provisioning.local import process_started
@@ -62,7 +63,7 @@ def test_lab_whose_reader_is_gone_stops_every_process_on_sigterm(tmp_path, setti
     parts = urlsplit(settings.DATABASE_URL)
     lab_db = f"meridian_e2e_{port}"
     env = {**os.environ, "DATABASE_URL": urlunsplit(parts._replace(path=f"/{lab_db}")),
-           "REDIS_URL": f"redis://127.0.0.1:6379/{1 + port % 15}"}
+           "REDIS_URL": f"redis://127.0.0.1:6379/{backing.lab_redis_db(port)}"}
     read_end, write_end = os.pipe()
     lab = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(port), "--var-dir",

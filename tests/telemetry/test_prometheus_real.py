@@ -147,8 +147,13 @@ def _gauge(attr: str) -> Callable[[Scenario], None]:
         window = (f'scrape_duration_seconds{{job="{JOB}",replica="{s.engine.replica}"}}'
                   f"[{s.window_s}s]")
         (series,) = s.prometheus.api(window, at=s.t_eval)
+        # Only a scrape that succeeded carries the gauges: on a loaded machine one can time
+        # out (`up` 0 at its timestamp, and the engine's series marked stale).
+        (up,) = s.prometheus.api(window.replace("scrape_duration_seconds", "up", 1),
+                                 at=s.t_eval)
+        answered = {t for t, value in up["values"] if float(value) == 1}  # type: ignore[attr-defined]
         scrapes = [(float(t), float(took)) for t, took in series["values"]  # type: ignore[attr-defined]
-                   if s.traffic[0] <= float(t) <= s.traffic[1]]
+                   if s.traffic[0] <= float(t) <= s.traffic[1] and t in answered]
         seen = []
         for ts, took in scrapes:
             # Only a scrape with direct scrapes on both sides of it can be judged.
