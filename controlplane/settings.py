@@ -159,9 +159,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.api.permissions.RolePermission"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.Pagination",
     "PAGE_SIZE": 50,
+    # Lists refuse what they would ignore: unknown parameters and orderings (400, named).
     "DEFAULT_FILTER_BACKENDS": [
+        "controlplane.api.query_params.KnownQueryParams",
         "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "controlplane.api.ordering.StrictOrderingFilter",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",

@@ -15,6 +15,8 @@ from rest_framework.views import APIView
 from controlplane.alerts import services
 from controlplane.alerts.models import Alert, AlertState, NotifyState, Rule, Severity
 from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.query_params import ChecksQueryParams
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 
@@ -62,7 +64,7 @@ class AlertFilter(filters.FilterSet):
         return queryset.filter(acknowledged_at__isnull=value != "true")
 
 
-class AcknowledgeRequest(serializers.Serializer):
+class AcknowledgeRequest(StrictSerializer):
     note = serializers.CharField(max_length=500, required=False, default="", allow_blank=True,
                                  help_text="Why, or what is being done about it.")
 
@@ -82,9 +84,9 @@ class AlertViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
     @action(detail=True, methods=["post"])
     def acknowledge(self, request: Request, pk: Any = None) -> Response:
         """Mark an open alert as seen; 409 when it is resolved or already acknowledged."""
+        alert = self.get_object()  # another tenant's alert: 404, whatever the body
         body = AcknowledgeRequest(data=request.data)
         body.is_valid(raise_exception=True)
-        alert = self.get_object()
         try:
             services.acknowledge(alert.pk, principal_for(request.user).username,
                                  body.validated_data["note"])
@@ -103,7 +105,7 @@ class RuleThresholdsSerializer(serializers.Serializer):
     window_s = serializers.IntegerField()
 
 
-class AlertRulesView(APIView):
+class AlertRulesView(ChecksQueryParams, APIView):
     """Each rule's thresholds in effect: the defaults with the admin's RuleSetting overrides."""
 
     @extend_schema(responses=RuleThresholdsSerializer(many=True))

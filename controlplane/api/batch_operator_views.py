@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.batches import audit, progress, services
 from controlplane.batches.cost import batch_cost, cost_json
 from controlplane.batches.models import Batch, BatchStatus
@@ -74,7 +75,7 @@ class BatchFilter(filters.FilterSet):
         fields = ["status", "model", "tenant"]
 
 
-class CancelRequest(serializers.Serializer):
+class CancelRequest(StrictSerializer):
     reason = serializers.CharField(max_length=500, required=False, default="",
                                    allow_blank=True, help_text="Why, for the audit log.")
 
@@ -105,9 +106,9 @@ class BatchViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: Any = None) -> Response:
         """Stop new sends (results already stored are kept); 409 when it has finished."""
+        batch = self.get_object()  # another tenant's batch: 404, whatever the body
         body = CancelRequest(data=request.data)
         body.is_valid(raise_exception=True)
-        batch = self.get_object()
         try:
             with audit.acting_as(self.principal.username, body.validated_data["reason"]):
                 services.cancel_batch(batch.pk)

@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.api.query_params import ChecksQueryParams
 from controlplane.core import money
 from controlplane.core.models import Tenant
 from controlplane.core.services import principal_for
@@ -73,9 +74,11 @@ class CostSummarySerializer(serializers.Serializer):
     results = CostGroupSerializer(many=True)
 
 
-class CostSummaryView(APIView):
+class CostSummaryView(ChecksQueryParams, APIView):
     """Spend from the hourly rollups, grouped; each replica's cost is allocated to tenants by
     the tokens the edges served them, and cost no tokens used is idle (tenant "")."""
+
+    query_params = tuple(CostQuerySerializer().fields)
 
     @extend_schema(parameters=[CostQuerySerializer], responses=CostSummarySerializer,
                    operation_id="costs_summary")
@@ -162,20 +165,26 @@ class BudgetSerializer(serializers.Serializer):
     month_end = serializers.DateTimeField()
 
 
-class BudgetViewSet(viewsets.ViewSet):
+class BudgetViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Each tenant's spend this month against its monthly budget, with a month-end
     projection. Budgets are set on the tenant (`monthly_budget_usd`)."""
 
+    serializer_class = BudgetSerializer
+    pagination_class = None
+    ordering_fields = ["name", "created_at"]
+    ordering = ["name"]
     lookup_field = "name"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"
 
     def _tenants(self, request: Request) -> QuerySet[Tenant]:
         return Tenant.objects.visible_to(principal_for(request.user)).order_by("name")
 
-    @extend_schema(responses=BudgetSerializer(many=True))
-    def list(self, request: Request) -> Response:
-        statuses = services.budget_statuses(list(self._tenants(request)))
-        return Response(BudgetSerializer(statuses, many=True).data)
+    def get_queryset(self) -> QuerySet[Tenant]:
+        return self._tenants(self.request)
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        tenants = self.filter_queryset(self.get_queryset())
+        return Response(BudgetSerializer(services.budget_statuses(list(tenants)), many=True).data)
 
     @extend_schema(responses=BudgetSerializer,
                    parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,

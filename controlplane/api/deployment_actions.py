@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api.fields import RegionKeyField
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.services import principal_for
 from controlplane.deployments.lifecycle import IllegalTransition
 from controlplane.deployments.models import Deployment, Replica
@@ -18,7 +19,7 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.scaling import services as scaling
 
 
-class ScaleRequest(serializers.Serializer):
+class ScaleRequest(StrictSerializer):
     region = RegionKeyField()
     replicas = serializers.IntegerField(min_value=0, max_value=64)
     spot = serializers.BooleanField(default=False)
@@ -33,7 +34,7 @@ class ScaleResult(serializers.Serializer):
     draining = serializers.ListField(child=serializers.CharField())
 
 
-class DrainRequest(serializers.Serializer):
+class DrainRequest(StrictSerializer):
     reason = serializers.CharField(max_length=500, required=False, default="")
 
 

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 
 from controlplane.api.base import TenantScopedViewSet
 from controlplane.api.fields import RegionKeyField
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.failover import services
 from controlplane.failover.models import Incident, RegionHealth
@@ -38,7 +39,7 @@ class IncidentSerializer(serializers.ModelSerializer):
         return missing_stages(incident)
 
 
-class DrillRequest(serializers.Serializer):
+class DrillRequest(StrictSerializer):
     region = RegionKeyField(help_text="A local lab region, e.g. local:ap-tokyo.")
 
 
@@ -63,7 +64,7 @@ class IncidentViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retriev
     queryset = Incident.objects.select_related("region__cloud")
     serializer_class = IncidentSerializer
     filterset_fields = ["kind"]
-    ordering_fields = ["started_at"]
+    ordering_fields = ["started_at", "resolved_at"]
 
     @extend_schema(request=DrillRequest, responses={201: IncidentSerializer})
     @action(detail=False, methods=["post"])
@@ -85,3 +86,4 @@ class RegionHealthViewSet(TenantScopedViewSet, mixins.ListModelMixin, viewsets.G
     queryset = RegionHealth.objects.select_related("region__cloud")
     serializer_class = RegionHealthSerializer
     filterset_fields = ["state"]
+    ordering_fields = ["state", "changed_at", "checked_at"]

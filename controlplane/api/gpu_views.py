@@ -21,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.api.base import TenantScopedViewSet
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Replica
@@ -47,7 +48,7 @@ def _figure(lo: float, hi: float, **kw: Any) -> FiniteFloatField:
     return FiniteFloatField(min_value=lo, max_value=hi, allow_null=True, **kw)
 
 
-class GpuReadingSerializer(serializers.Serializer):
+class GpuReadingSerializer(StrictSerializer):
     """One GPU as the agent read it. Figures are required keys; null where NVML cannot say."""
 
     index = serializers.IntegerField(min_value=0, max_value=MAX_GPUS - 1)
@@ -110,7 +111,7 @@ class ReplicaRefField(serializers.Field):
         return replica
 
 
-class GpuReportSerializer(serializers.Serializer):
+class GpuReportSerializer(StrictSerializer):
     node = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$", max_length=128,
                                   error_messages={"invalid": "Use letters, digits and . _ : - "
                                                              "(at most 128), e.g. 'gpu-node-7'."})

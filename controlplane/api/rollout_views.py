@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from controlplane.api.base import TenantScopedViewSet
 from controlplane.api.fields import DeploymentRefField
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment, Model, Revision
@@ -56,13 +57,13 @@ class RolloutSerializer(serializers.ModelSerializer):
         model = Rollout
         fields = ["id", "deployment", "strategy", "state", "steps", "bake_s",
                   "rollback_window_s", "auto_promote", "waves", "current_wave", "thresholds",
-                  "current_step", "weight", "from_revision", "to_revision", "reason",
+                  "current_step", "weight", "from_revision", "to_revision", "start_reason", "reason",
                   "created_by", "ended_by", "created_at", "started_at", "ended_at",
                   "replicas_wanted", "old_retired_at", "step_rows"]
         read_only_fields = fields
 
 
-class StartRequest(serializers.Serializer):
+class StartRequest(StrictSerializer):
     deployment = DeploymentRefField(queryset=Deployment.objects.all())
     strategy = serializers.JSONField(required=False, help_text=(
         "canary (default): the new revision on a growing share, step by step; blue_green: "
@@ -97,10 +98,13 @@ class StartRequest(serializers.Serializer):
         "stable + points), max_ttft_p95_s (the deployment's TTFT SLO), max_error_rate 0.05, "
         "min_requests 20 (per side, else the step is extended), max_extensions 3 (then the "
         "rollout is held)."))
-    reason = serializers.CharField(max_length=500, required=False, default="")
+    reason = serializers.CharField(
+        max_length=500, required=False, default="", allow_blank=True,
+        help_text="Why it is started: kept as the rollout's start_reason (its reason says why "
+                  "it ended).")
 
 
-class ActionRequest(serializers.Serializer):
+class ActionRequest(StrictSerializer):
     reason = serializers.CharField(max_length=500, required=False, default="")
 
 
@@ -116,7 +120,7 @@ class RolloutViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retrieve
     ).prefetch_related("step_rows")
     serializer_class = RolloutSerializer
     filterset_fields = ["state"]
-    ordering_fields = ["created_at"]
+    ordering_fields = ["created_at", "started_at", "ended_at", "state"]
 
     def _actor(self, request: Request) -> str:
         return principal_for(request.user).username

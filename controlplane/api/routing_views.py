@@ -42,6 +42,7 @@ class RoutingPolicyViewSet(
     platform_only_writes = True
     queryset = RoutingPolicy.objects.all()
     serializer_class = serializers.RoutingPolicySerializer
+    ordering_fields = ["updated_at"]
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         routing.current_policy()

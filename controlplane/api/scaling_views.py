@@ -48,4 +48,4 @@ class ScalingDecisionViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet)
     queryset = ScalingDecision.objects.select_related("deployment").order_by("-at", "-id")
     serializer_class = ScalingDecisionSerializer
     filterset_class = ScalingDecisionFilter
-    ordering_fields = ["at"]
+    ordering_fields = ["at", "last_at"]

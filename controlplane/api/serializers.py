@@ -11,6 +11,7 @@ from rest_framework import serializers
 from rest_framework.exceptions import PermissionDenied
 
 from controlplane.api.fields import RegionKeyField, refuse_numeric_name
+from controlplane.api.strict_input import StrictModelSerializer
 from controlplane.core.models import ApiKey, AuditLog, Tenant, Tier
 from controlplane.core.redaction import operation_summary, redact_addresses
 from controlplane.core.services import (
@@ -28,19 +29,19 @@ from controlplane.routing.models import Edge, RoutingPolicy
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
 
-class CloudSerializer(serializers.ModelSerializer):
+class CloudSerializer(StrictModelSerializer):
     class Meta:
         model = Cloud
         fields = ["id", "name", "display_name", "skypilot_name", "enabled"]
 
 
-class JurisdictionSerializer(serializers.ModelSerializer):
+class JurisdictionSerializer(StrictModelSerializer):
     class Meta:
         model = Jurisdiction
         fields = ["id", "code", "name"]
 
 
-class RegionSerializer(serializers.ModelSerializer):
+class RegionSerializer(StrictModelSerializer):
     cloud = serializers.SlugRelatedField(slug_field="name", queryset=Cloud.objects.all())
     jurisdiction = serializers.SlugRelatedField(
         slug_field="code", queryset=Jurisdiction.objects.all()
@@ -60,7 +61,7 @@ class RegionSerializer(serializers.ModelSerializer):
         return value.upper()
 
 
-class GpuTypeSerializer(serializers.ModelSerializer):
+class GpuTypeSerializer(StrictModelSerializer):
     class Meta:
         model = GpuType
         fields = [
@@ -69,7 +70,7 @@ class GpuTypeSerializer(serializers.ModelSerializer):
         ]
 
 
-class _Observed(serializers.ModelSerializer):
+class _Observed(StrictModelSerializer):
     stale = serializers.SerializerMethodField()
 
     @extend_schema_field(serializers.BooleanField())
@@ -123,7 +124,7 @@ class QuotaSerializer(_Observed):
         return attrs
 
 
-class TenantSerializer(serializers.ModelSerializer):
+class TenantSerializer(StrictModelSerializer):
     allowed_jurisdictions = serializers.SlugRelatedField(
         slug_field="code", queryset=Jurisdiction.objects.all(), many=True, required=False
     )
@@ -153,7 +154,7 @@ class TenantSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class _TenantOwned(serializers.ModelSerializer):
+class _TenantOwned(StrictModelSerializer):
     """Tenant users may only create rows for their own tenant; it is filled in for them."""
 
     def _principal_tenant_id(self) -> int | None:
@@ -229,7 +230,7 @@ class ApiKeySerializer(_TenantOwned):
 # An LLM's architecture (deployments.Model), named apart from DRF's ModelSerializer; the
 # schema keeps calling it Model.
 @extend_schema_serializer(component_name="Model")
-class LlmModelSerializer(serializers.ModelSerializer):
+class LlmModelSerializer(StrictModelSerializer):
     class Meta:
         model = Model
         fields = [
@@ -309,7 +310,7 @@ class DeploymentSerializer(_TenantOwned):
         return super().update(instance, validated_data)
 
 
-class _PlatformDetail(serializers.ModelSerializer):
+class _PlatformDetail(StrictModelSerializer):
     """A serializer some of whose fields are platform data (controlplane/core/redaction.py):
     tenant users get `platform_blank` fields empty, and `platform_redacted` ones with every
     address hidden. Without a request (internal use) nothing is hidden."""
@@ -428,7 +429,7 @@ class EdgeSerializer(_PlatformDetail):
         return latest is None or obj.last_acked_version == latest
 
 
-class RoutingPolicySerializer(serializers.ModelSerializer):
+class RoutingPolicySerializer(StrictModelSerializer):
     class Meta:
         model = RoutingPolicy
         fields = [

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from controlplane.api import filters, serializers
 from controlplane.api.base import ByNameOrId, MeridianViewSet, TenantScopedViewSet
 from controlplane.api.deployment_actions import DeploymentActions, ReplicaActions
+from controlplane.api.query_params import ChecksQueryParams
 from controlplane.core import status as system_status
 from controlplane.core.models import ApiKey, AuditLog, Role, Tenant
 from controlplane.core.services import set_key_revoked
@@ -39,7 +40,7 @@ class CloudViewSet(CatalogViewSet):
 class JurisdictionViewSet(CatalogViewSet):
     queryset = Jurisdiction.objects.all()
     serializer_class = serializers.JurisdictionSerializer
-    ordering_fields = ["code"]
+    ordering_fields = ["code", "name"]
 
 
 class RegionViewSet(CatalogViewSet):
@@ -84,6 +85,7 @@ class TenantViewSet(MeridianViewSet):
         "allowed_jurisdictions", Prefetch("allowed_regions", Region.objects.select_related("cloud"))
     )
     serializer_class = serializers.TenantSerializer
+    filterset_fields = ["name"]
     ordering_fields = ["name", "created_at"]
 
 
@@ -116,7 +118,7 @@ class DeploymentViewSet(ByNameOrId, DeploymentActions, MeridianViewSet):
     )
     serializer_class = serializers.DeploymentSerializer
     filterset_class = filters.DeploymentFilter
-    ordering_fields = ["name", "created_at", "min_replicas", "max_replicas"]
+    ordering_fields = ["name", "created_at", "updated_at", "min_replicas", "max_replicas"]
 
 
 class ReplicaViewSet(ReplicaActions, TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
@@ -136,7 +138,7 @@ class AuditLogViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retriev
     ordering_fields = ["at"]
 
 
-class StatusView(APIView):
+class StatusView(ChecksQueryParams, APIView):
     """Whether the database, Redis, Celery workers and beat are alive."""
 
     @extend_schema(responses=serializers.StatusSerializer)
@@ -153,4 +155,4 @@ class OperationViewSet(TenantScopedViewSet, viewsets.ReadOnlyModelViewSet):
     queryset = Operation.objects.all()
     serializer_class = serializers.OperationSerializer
     filterset_fields = ["kind", "status", "provider", "replica"]
-    ordering_fields = ["created_at"]
+    ordering_fields = ["created_at", "kind", "status"]

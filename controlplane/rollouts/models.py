@@ -54,6 +54,8 @@ class Rollout(models.Model):
     thresholds = models.JSONField(default=dict, blank=True, help_text=(
         "What each step is judged by (rollouts.analysis.DEFAULT_THRESHOLDS, the TTFT limit "
         "defaulting to the deployment's SLO)."))
+    start_reason = models.TextField(blank=True, default="", help_text=(
+        "Why it was started, as whoever started it said."))
     reason = models.TextField(blank=True, default="", help_text="Why it ended as it did.")
     ended_by = models.CharField(max_length=150, blank=True, default="",
                                 help_text="Who ended it: an operator, or rollouts.analysis.")

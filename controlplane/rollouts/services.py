@@ -428,7 +428,7 @@ def start(deployment: Deployment, *, actor: str, steps: Sequence[Any] | None = N
                 deployment=locked, from_revision=stable, to_revision=revision,
                 strategy=strategy, steps=weights, bake_s=bake_s, waves=wave_regions,
                 rollback_window_s=window, thresholds=limits, state=S.RUNNING,
-                auto_promote=auto_promote,
+                auto_promote=auto_promote, start_reason=reason,
                 created_by=actor, started_at=now)
     except IntegrityError:
         raise RolloutStateError(f"deployment {locked.name} already has a rollout in "

@@ -17,8 +17,8 @@ def test_list_prices_are_never_stale_but_old_observations_are(make_client, catal
     Quota.objects.filter(region=catalog["fra"]).update(source="catalog:2025-10-01",
                                                        observed_at=long_ago)
     client = make_client(Role.VIEWER)
-    offers = {o["id"]: o for o in client.get("/api/v1/offers/?limit=100").json()["results"]}
+    offers = {o["id"]: o for o in client.get("/api/v1/offers/?page_size=100").json()["results"]}
     assert offers[listed.pk]["stale"] is False
     assert offers[observed.pk]["stale"] is True
-    quotas = client.get("/api/v1/quotas/?limit=100").json()["results"]
+    quotas = client.get("/api/v1/quotas/?page_size=100").json()["results"]
     assert quotas and not any(q["stale"] for q in quotas if q["region"] == "aws:eu-central-1")
