@@ -14,6 +14,7 @@ from rest_framework.response import Response
 
 from controlplane.api.base import TenantScopedViewSet
 from controlplane.api.fields import DeploymentRefField, RegionKeyField
+from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment
@@ -76,15 +77,16 @@ class PlanRefusal(serializers.Serializer):
     propose = serializers.DictField(required=False)
 
 
-class ProposeRequest(serializers.Serializer):
+class ProposeRequest(StrictSerializer):
     deployments = DeploymentRefField(
         queryset=Deployment.objects.all(), many=True, required=False,
         help_text="Deployments to plan, by name (or id); omit for all.",
     )
 
 
-class ReviewRequest(serializers.Serializer):
-    reason = serializers.CharField(max_length=500, required=False, default="")
+class ReviewRequest(StrictSerializer):
+    reason = serializers.CharField(max_length=500, required=False, default="",
+                                   help_text="Why, for the audit log.")
 
 
 class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -118,12 +120,12 @@ class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
         return Response(PlanSerializer(self.get_queryset().get(pk=plan.pk)).data,
                         status=status.HTTP_201_CREATED)
 
-    def _review(self, request: Request, step: Any, *args: Any) -> Response:
+    def _review(self, request: Request, step: Any) -> Response:
         body = ReviewRequest(data=request.data)
         body.is_valid(raise_exception=True)
         plan = self.get_object()
         try:
-            step(plan.pk, self._actor(request), *args)
+            step(plan.pk, self._actor(request), reason=body.validated_data["reason"])
         except plans.PlanStateError as exc:
             return Response(_refusal(plan, exc), status=status.HTTP_409_CONFLICT)
         return Response(PlanSerializer(self.get_queryset().get(pk=plan.pk)).data)
@@ -142,9 +144,7 @@ class PlanViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMod
     @extend_schema(request=ReviewRequest, responses=PlanSerializer)
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: Any = None) -> Response:
-        body = ReviewRequest(data=request.data)
-        body.is_valid(raise_exception=True)
-        return self._review(request, plans.reject, body.validated_data["reason"])
+        return self._review(request, plans.reject)
 
 
 def _refusal(plan: Plan, exc: plans.PlanStateError) -> dict[str, Any]:

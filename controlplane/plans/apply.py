@@ -79,12 +79,17 @@ def _cost_words(plan: Plan) -> str:
     return f"saves ${saving:.2f}/h" if saving >= 0 else f"costs ${-saving:.2f}/h more"
 
 
+def _given(reason: str, what: str) -> str:
+    """The reviewer's reason first, then what the step says of itself."""
+    return f"{reason} ({what})" if reason else what
+
+
 @transaction.atomic
-def approve(plan_id: int, actor: str) -> Plan:
+def approve(plan_id: int, actor: str, reason: str = "") -> Plan:
     _checked(plan_id, (PlanStatus.PROPOSED,))
     plan = _move(plan_id, (PlanStatus.PROPOSED,), PlanStatus.APPROVED,
                  reviewed_by=actor, reviewed_at=timezone.now())
-    record_audit(actor, "plan.approve", plan, reason=_cost_words(plan))
+    record_audit(actor, "plan.approve", plan, reason=_given(reason, _cost_words(plan)))
     return plan
 
 
@@ -98,11 +103,12 @@ def reject(plan_id: int, actor: str, reason: str = "") -> Plan:
 
 
 @transaction.atomic
-def start_apply(plan_id: int, actor: str) -> Plan:
+def start_apply(plan_id: int, actor: str, reason: str = "") -> Plan:
     """approved → applying: request every added replica now; removals wait for them."""
     _checked(plan_id, (PlanStatus.APPROVED,))
     plan = _move(plan_id, (PlanStatus.APPROVED,), PlanStatus.APPLYING)
-    record_audit(actor, "plan.apply", plan, reason="make-before-break: adds first")
+    record_audit(actor, "plan.apply", plan,
+                 reason=_given(reason, "make-before-break: adds first"))
     adds = plan.changes.filter(action=ChangeAction.ADD).select_related(
         "deployment", "region__cloud", "offer"
     )
