@@ -32,6 +32,7 @@ from controlplane.deployments.models import Deployment, Model, Replica, ReplicaS
 from controlplane.deployments.services import stable_revision
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.rollouts import analysis
+from controlplane.rollouts.failures import failed_during
 from controlplane.rollouts.models import (
     IN_PROGRESS,
     Rollout,
@@ -39,7 +40,13 @@ from controlplane.rollouts.models import (
     RolloutStep,
     Strategy,
 )
-from controlplane.scaling.autoscaler import Placement, place_scale_up, sized_for
+from controlplane.rollouts.spread import place_spread_first
+from controlplane.scaling.autoscaler import (
+    Placement,
+    choose_retirements,
+    place_scale_up,
+    sized_for,
+)
 from controlplane.scaling.services import retire_replica
 from controlplane.telemetry.models import ReplicaSample
 from regions.models import GpuType, Region
@@ -167,12 +174,18 @@ def _stable_serving(rollout: Rollout) -> list[Replica]:
 
 
 def place_revision(deployment: Deployment, revision: Revision, count: int, *, actor: str,
-                   reason: str, regions: Collection[str] = ()) -> tuple[list[Replica], str]:
+                   reason: str, regions: Collection[str] = (),
+                   prefer: Sequence[str] | None = None,
+                   spread_only: bool = False) -> tuple[list[Replica], str]:
     """`count` replicas of `revision`, placed as the autoscaler places a scale-up
     (`scaling.autoscaler.place_scale_up`): the solver's cheapest plan that keeps every
-    running replica, within the allowed jurisdictions and quota, on the revision's preferred
-    GPU type (else the type running); else beside running replicas with quota left; else
-    none. Returns the replicas asked for and how they were placed (or why not)."""
+    running replica, within the allowed jurisdictions, latency targets and quota, on the
+    revision's preferred GPU type (else the type running); else beside running replicas
+    with quota left; else none. Without `regions`, one replica first goes to each region
+    the revision's replicas lack for the spread rule (`spread.place_spread_first`; `prefer`:
+    the regions to try first, else the stable revision's, busiest first). Returns the
+    replicas asked for and how they were placed (or why not); with `spread_only`, only
+    those the spread rule asks for."""
     if count <= 0:
         return [], ""
     active = list(Replica.objects.filter(deployment=deployment, state__in=LIVE_STATES)
@@ -181,24 +194,34 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
     preferred = revision.preferred_gpu_type
     gpu_types = {preferred.name} if preferred is not None else set()
     sized = sized_for(deployment, revision)
+    made: list[Replica] = []
+    hows: list[str] = []
+    served = ({} if regions else
+              served_by_region(r for r in active if r.revision_id != revision.pk))
+    if not regions:
+        made, hows = place_spread_first(
+            deployment, sized, revision, active, count, gpu_types,
+            _ranked(served) if prefer is None else prefer, actor=actor, reason=reason)
+    if count - len(made) <= 0 or spread_only:
+        return made, "; ".join(hows)
     placement = None
     # Beside the stable replicas that serve the most, so that the analysis compares the two
     # revisions at the same network distance from the edges; then anywhere they serve;
     # then wherever the solver finds room.
     tries = ([(set(regions), f"in {', '.join(sorted(regions))}"),
               (set(), "where the solver found room")] if regions
-             else _canary_regions(deployment, revision, active))
+             else _canary_regions(served))
     for where_to, where in tries:
-        placement = place_scale_up(sized, active, count, gpu_types=gpu_types, regions=where_to)
+        placement = place_scale_up(sized, active, count - len(made), gpu_types=gpu_types,
+                                   regions=where_to)
         if placement.slots:
             placement = Placement(placement.slots, f"{where}: {placement.how}")
             break
     assert placement is not None
-    made: list[Replica] = []
     for region, offer, spot, n in placement.slots:
         made += request_replicas(deployment, region, n, actor=actor, reason=reason,
                                  spot=spot, offer=offer, revision=revision)
-    return made, placement.how
+    return made, "; ".join([*hows, placement.how])
 
 
 # How far back the stable replicas' served requests are counted to find the busiest region.
@@ -224,13 +247,16 @@ def served_by_region(replicas: Iterable[Replica],
     return served
 
 
-def _canary_regions(deployment: Deployment, revision: Revision,
-                    active: Sequence[Replica]) -> list[tuple[set[str], str]]:
-    """Where to try placing a revision's new replicas, in order: the region whose stable
-    replicas served the most, when one did; any region with stable replicas (the solver's
-    cheapest of them); anywhere."""
-    served = served_by_region(r for r in active if r.revision_id != revision.pk)
-    ranked = sorted(served, key=lambda key: (-served[key], key))
+def _ranked(served: dict[str, float]) -> list[str]:
+    return sorted(served, key=lambda key: (-served[key], key))
+
+
+def _canary_regions(served: dict[str, float]) -> list[tuple[set[str], str]]:
+    """Where to try placing a revision's new replicas, in order, from what the other
+    revisions' replicas `served` by region: the region whose stable replicas served the
+    most, when one did; any region with stable replicas (the solver's cheapest of them);
+    anywhere."""
+    ranked = _ranked(served)
     tries: list[tuple[set[str], str]] = []
     if ranked and served[ranked[0]] > (served[ranked[1]] if len(ranked) > 1 else -1.0):
         tries.append(({ranked[0]}, f"beside the busiest stable replicas ({ranked[0]})"))
@@ -280,32 +306,62 @@ def finish_promotion(rollout: Rollout, actor: str) -> tuple[list[Replica] | None
               f"replaces the old revision's replicas")
     # Where the old revision ran first, region for region, so its users keep their
     # distance to a replica; what no such region takes, wherever the solver finds room.
-    missing = wanted - new.count()
+    new_rows = list(new.select_related("region__cloud"))
+    old_regions = Counter(r.region.key for r in _old_fleet(rollout)
+                          .select_related("region__cloud"))
+    have = Counter(r.region.key for r in new_rows)
+    # The new revision spans as many regions as the spread rule asks (never more than the
+    # deployment serves in now): one replica in each it lacks, where the old revision ran
+    # most first, before any old replica goes.
+    spread = min(rollout.deployment.spread_regions, max(wanted, 1),
+                 len(set(have) | set(old_regions)))
+    missing = wanted - len(new_rows)
     made: list[Replica] = []
     hows: list[str] = []
-    have = Counter(r.region.key for r in new.select_related("region__cloud"))
-    for key, n in sorted(Counter(r.region.key for r in _old_fleet(rollout)
-                                 .select_related("region__cloud")).items()):
-        short = min(n - have[key], missing - len(made))
+    if spread > len(have):
+        made, how = place_revision(
+            rollout.deployment, rollout.to_revision, spread - len(have), actor=actor,
+            reason=reason, spread_only=True,
+            prefer=sorted(old_regions, key=lambda key: (-old_regions[key], key)))
+        have.update(r.region.key for r in made)
+        hows += [how] if how else []
+    missing -= len(made)
+    placed_here = len(made)
+    for key, n in sorted(old_regions.items()):
+        short = min(n - have[key], missing - (len(made) - placed_here))
         if short > 0:
             placed, how = place_revision(rollout.deployment, rollout.to_revision, short,
                                          actor=actor, reason=reason, regions={key})
             made += placed
             hows += [how] if how else []
-    if missing - len(made) > 0:
+    if missing - (len(made) - placed_here) > 0:
         placed, how = place_revision(rollout.deployment, rollout.to_revision,
-                                     missing - len(made), actor=actor, reason=reason)
+                                     missing - (len(made) - placed_here), actor=actor,
+                                     reason=reason)
         made += placed
         hows += [how] if how else []
     how = "; ".join(hows)
-    serving = new.filter(state__in=SERVING_STATES).count()
-    if serving < wanted:
-        why = (f"waiting for {wanted} replicas of revision {rollout.to_revision.number} to "
-               f"serve before the old revision's are retired: {serving} serving")
+    serving_rows = list(new.filter(state__in=SERVING_STATES).select_related(
+        "region__cloud", "offer", "deployment"))
+    serving_regions = {r.region.key for r in serving_rows}
+    if len(serving_rows) < wanted or len(serving_regions) < spread:
+        why = (f"waiting for {wanted} replicas of revision {rollout.to_revision.number} in "
+               f"{spread} region{'s' if spread != 1 else ''} to serve before the old "
+               f"revision's are retired: {len(serving_rows)} serving in "
+               f"{len(serving_regions)}")
         return None, made, f"{why}; {how}" if how else why
     retired = _retire(_old_fleet(rollout).select_related("deployment"), actor=actor,
                       reason=f"rollout {rollout.pk} promoted revision "
                              f"{rollout.to_revision.number}")
+    # More new replicas than wanted serve (some went where the spread rule needed them):
+    # the surplus goes, keeping the regions (the autoscaler's choice of whom to drain).
+    surplus = len(serving_rows) - wanted
+    if surplus > 0:
+        retired += _retire(choose_retirements(serving_rows, surplus, {},
+                                              rollout.deployment.spread_regions, wanted),
+                           actor=actor, reason=f"rollout {rollout.pk} promoted revision "
+                                               f"{rollout.to_revision.number}: more of its "
+                                               f"replicas serve than the {wanted} wanted")
     rollout.old_retired_at = timezone.now()
     rollout.save(update_fields=["old_retired_at"])
     return retired, made, ""
@@ -671,7 +727,9 @@ def _finish_retiring(rollout_id: int) -> str:
 
 
 def check(now: Any = None) -> dict[str, str]:
-    """Put each running rollout's step live once its canary replicas serve; judge each whose
+    """Roll back each running rollout whose canary replicas failed during its step
+    (`failures.failed_during`: failover's replacement does not hide it); put each step live
+    once its canary replicas serve; judge each whose
     live step has baked (its bake time once, and once more per extension): fail → rolled
     back, pass → the next step (past the last one: promoted, or, without auto_promote, waiting
     for an operator's promote, the figures kept on the step), too little traffic → extended
@@ -689,6 +747,14 @@ def check(now: Any = None) -> dict[str, str]:
                                           step=rollout.current_step,
                                           ended_at__isnull=True).first()
         if step is None:
+            continue
+        broken = failed_during(rollout, step)
+        if broken:
+            try:
+                roll_back(rollout.pk, actor=ANALYST, reason=broken)
+                done[str(rollout.pk)] = "rolled_back"
+            except RolloutStateError:
+                done[str(rollout.pk)] = "moved"
             continue
         if step.ready_at is None:
             with transaction.atomic():
