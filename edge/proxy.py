@@ -104,6 +104,10 @@ class Exchange(Listener):
     upstream: UpstreamConnection | None = None
     tried: set[str] | None = None
     retries = 0
+    # A split model's revision shares, and whether a failure already moved the request to
+    # the other revisions' replicas (`widen`).
+    shares: tuple[tuple[str, float], ...] | None = None
+    widened = False
     last_failure = ""  # why the last replica tried failed, when one did
     fresh_connection = False
     task: asyncio.Task[None] | None = None
@@ -210,6 +214,7 @@ class Exchange(Listener):
                 cset = self.cset = api.revision_candidates(
                     table, tenant, self.model, self.tier, shares, keys, self.prompt_text,
                     messages if isinstance(messages, list) else None)
+                self.shares = tuple(shares)
                 # Counted against its revision even if no replica of it can take it (all
                 # ejected: the edge's own 503); `send_to` labels by the replica that answers.
                 revision = cset.replicas[0].revision if cset.replicas else None
@@ -239,6 +244,10 @@ class Exchange(Listener):
             self.send_to(replica)
         elif reason == "at_capacity":
             self.wait_for_capacity()
+        elif self.widen(503):
+            # Its revision has no replica left to take it (a failing canary, ejected):
+            # counted as that revision's failure, answered by another revision's replica.
+            self.dispatch()
         elif self.tried:
             self.answer_error(ClientError(
                 502, f"The replica serving model {self.model} failed ({self.last_failure}) and no "
@@ -357,11 +366,12 @@ class Exchange(Listener):
             stats = self.stats
             if status >= 500:
                 self.replica_failed(f"answered {status}")
-                # With nowhere else to go, the engine's own answer beats a 502 of ours.
-                if self.may_retry() and self.another_replica_may_take_it():
+                # With nowhere else to go, the engine's own answer beats a 502 of ours. A
+                # split model's request goes to another revision first (`widen`).
+                if self.may_retry() and self.another_replica_may_take_it(widen=True):
                     conn.abort()
                     self.upstream = None
-                    self.retry(f"answered {status}")
+                    self.retry(f"answered {status}", status)
                     return False
             elif stats is not None and (stats.consecutive_failures or stats.ejections):
                 assert self.replica is not None
@@ -508,7 +518,8 @@ class Exchange(Listener):
             return
         self.replica_failed(str(error))
         if self.may_retry():
-            self.retry(str(error))
+            self.widen(0)
+            self.retry(str(error), 502)
             return
         self.answer_error(ClientError(502, f"Replica {self.replica.id if self.replica else '?'}"
                                       f" failed: {error}", code="upstream_unavailable",
@@ -519,14 +530,60 @@ class Exchange(Listener):
         limit = self.cset.policy.retry_before_first_byte if self.cset else 0
         return (table is not None and self.retries < limit and not self.client.response_started)
 
-    def another_replica_may_take_it(self) -> bool:
+    def another_replica_may_take_it(self, widen: bool = False) -> bool:
+        """Whether a retry finds a replica (or one at capacity); with `widen`, among the
+        other revisions' replicas first, for a split model (`widen`)."""
         assert self.cset is not None and self.route is not None and self.replica is not None
+        narrow = self.cset
+        if widen:
+            self.widen(0)
         exclude = {self.replica.id, *(self.tried or ())}
         decision = schedule_set(self.cset, self.route, self.edge.stats, time.monotonic(),
                                 exclude=exclude)
-        return decision.replica is not None or decision.reason == "at_capacity"
+        if decision.replica is not None or decision.reason == "at_capacity":
+            return True
+        if self.cset is not narrow:  # no other revision's replica either: as it was
+            self.cset, self.widened = narrow, False
+            decision = schedule_set(narrow, self.route, self.edge.stats, time.monotonic(),
+                                    exclude=exclude)
+            return decision.replica is not None or decision.reason == "at_capacity"
+        return False
 
-    def retry(self, reason: str) -> None:
+    def widen(self, status: int) -> bool:
+        """A split model's request whose revision failed it (a replica's 5xx or connection
+        error before any byte, or none of its replicas left to pick): from now on the other
+        revisions' replicas take it, the stable one's first (`ClientAPI.other_revision_
+        candidates`). With `status`, the failure is counted against the failed revision
+        (what a rollout's analysis judges it by) and the request's own count waits for the
+        replica that answers. False when the model is not split or was widened already."""
+        if self.shares is None or self.widened or self.tenant is None:
+            return False
+        table = self.edge.table
+        if table is None:
+            return False
+        failed = (self.replica.revision if self.replica is not None
+                  else self.revision_labels[1] if self.revision_labels is not None else None)
+        if failed is None:
+            return False
+        cset = self.api.other_revision_candidates(table, self.tenant, self.model, self.tier,
+                                                  self.shares, failed)
+        if cset is None:
+            return False
+        self.widened = True
+        self.cset = cset
+        if status:
+            self.count_failed_attempt(status)
+        return True
+
+    def count_failed_attempt(self, status: int) -> None:
+        """The attempt that failed, counted against its replica's revision; the request is
+        counted again by the replica that answers it (`send_to` labels it)."""
+        labels = self.revision_labels
+        if labels is not None:
+            self.edge.metrics.revision_requests.inc((labels[0], labels[1], status))
+            self.revision_labels = None
+
+    def retry(self, reason: str, status: int = 502) -> None:
         self.release_slot()
         assert self.replica is not None
         if self.tried is None:
@@ -536,6 +593,7 @@ class Exchange(Listener):
         self.last_failure = reason
         self.fresh_connection = False
         self.edge.metrics.retries.inc((self.model,))
+        self.count_failed_attempt(status)
         self.dispatch()
 
     def replica_failed(self, reason: str) -> None:
@@ -925,6 +983,20 @@ class ClientApi:
         if not cset.replicas:
             cset = self.candidates(table, tenant, model, tier, ANY_REVISION)
         return cset
+
+    def other_revision_candidates(self, table: RoutingTable, tenant: TenantRules, model: str,
+                                  tier: str, shares: Sequence[tuple[str, float]],
+                                  failed: str) -> CandidateSet | None:
+        """Where a request goes after its revision `failed` it: the replicas of the other
+        revision with the largest share (during a rollout, the stable one; at a canary's
+        100%, the stable replicas still serving at share 0); None when no other revision
+        has a replica for it."""
+        for name, _ in sorted(shares, key=lambda s: (-s[1], s[0])):
+            if name != failed:
+                cset = self.candidates(table, tenant, model, tier, name)
+                if cset.replicas:
+                    return cset
+        return None
 
     def upstream_head(self, request: Request, exchange: Exchange, length: int) -> bytes:
         """The request head after `POST <base path>` (the base path and host are per
