@@ -13,10 +13,12 @@ TIMEOUT_S as a timeout. A status answer is true when it is 200 and says ok, cele
 beat ok.
 
     python bench/api_load.py [--quick | --smoke] [--lab FILE] [--clients N] [--seconds S]
+                             [--no-status-lane]
 
 `--quick`: 10 s of load; `--smoke`: 3 s (every step, not the figures); `--lab FILE` drives a
-running lab instead of starting one. Per target: requests, req/s, p50, p99, errors and
-timeouts; and the targets: status p99 under 50 ms, no timeouts, status never false.
+running lab instead of starting one; `--no-status-lane` starts the lab with plain gthread web
+workers (controlplane/lab/status_lane.py), for comparison. Per target: requests, req/s, p50,
+p99, errors and timeouts; and the targets: status p99 under 50 ms, no timeouts, status never false.
 
 Every process dies with the benchmark, even when it is SIGKILLed (the lab runs under a
 parent-death signal and stops its children; the clients are threads). Progress on stderr;
@@ -204,16 +206,25 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="3 s of load: every step, not the figures")
     add_lab_option(parser)
+    parser.add_argument("--no-status-lane", action="store_true",
+                        help="start the lab with plain gthread web workers (status polls "
+                             "queue behind other requests), for comparison; not with --lab")
     parser.add_argument("--clients", type=int, default=CLIENTS)
     parser.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args()
+    if args.lab is not None and args.no_status_lane:
+        parser.error("--no-status-lane starts its own lab: leave out --lab")
     seconds = args.seconds or (3.0 if args.smoke else 10.0 if args.quick else 30.0)
+    # 32 client threads share this interpreter: a thread whose answer has arrived must not
+    # wait 5 ms (the default) for the GIL, or the figures measure the client.
+    sys.setswitchinterval(0.001)
     log("starting the lab (3 local regions × 1 enginesim replica, 2 edges)"
         if args.lab is None else f"driving the lab of {args.lab}")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="meridian-api-load-") as tmp, running_lab(
             args.lab, Path(tmp), replicas_per_region=1, name_prefix="meridian_bench_api",
-            extra=["--prometheus-port", str(free_port())]) as lab:
+            extra=["--prometheus-port", str(free_port()),
+                   *(["--no-status-lane"] if args.no_status_lane else [])]) as lab:
         wait_until(lambda: status_true(api("GET", f"{lab.base}{STATUS}", lab.token)), 120.0,
                    "status to say every worker and beat is fresh", every_s=0.5,
                    ignore=(OSError,))
@@ -240,6 +251,7 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "api_load", "quick": args.quick, "smoke": args.smoke,
         "clients": args.clients, "seconds": round(elapsed, 1),
+        "status_lane": not args.no_status_lane,
         "requests": overall["requests"], "rps": overall["rps"], "errors": overall["errors"],
         "timeouts": overall["timeouts"], "targets": targets, "status_p99_ms": status_p99,
         "status_always_true": not false and bool(status), "status_false": len(false),

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 # The web tier on the 2-core lab machine: 2 workers × 4 threads served bench/api_load.py's 32
 # clients best of those measured (2 × 4, 4 × 8 and 32 sync workers; README, Benchmarks): more
-# processes or threads only share the same two cores more ways.
+# processes or threads only share the same two cores more ways. Status polls get a lane of
+# their own in each worker (controlplane/lab/status_lane.py).
 WEB_WORKERS = 2
 WEB_THREADS = 4
 
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="gunicorn worker processes (default %(default)s)")
     parser.add_argument("--web-threads", type=int, default=WEB_THREADS,
                         help="threads per gunicorn worker (default %(default)s; 1: sync workers)")
+    parser.add_argument("--no-status-lane", action="store_true",
+                        help="plain gthread workers: status polls queue behind other requests "
+                             "(controlplane/lab/status_lane.py)")
     parser.add_argument("--replicas-of-each", type=int, default=1, metavar="N",
                         help="run N of each control-plane process (web, control worker, "
                              "provision worker, batch worker, beat); with 2 or more the lab "
@@ -196,10 +200,12 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
         # workers: a many-worker tier starts as fast as one worker, and a restarted master
         # never gets connections from the kernel while its workers are still importing.
         reuse = ["--reuse-port"] if args.replicas_of_each > 1 else []
+        lane = [] if args.no_status_lane else [
+            "--worker-class", "controlplane.lab.status_lane.StatusLaneWorker"]
         group.start(f"web{n}", [python, "-m", "gunicorn", "controlplane.wsgi", "--bind", bind,
                                 "--workers", str(args.web_workers),
                                 "--threads", str(args.web_threads), "--access-logfile", "-",
-                                "--preload", *reuse])
+                                "--preload", *lane, *reuse])
         # Fast loops and slow provider jobs get their own workers, so a launch in progress
         # never delays the failover watch.
         group.start(f"worker{n}", [python, "-m", "celery", "-A", "controlplane", "worker",
