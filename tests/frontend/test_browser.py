@@ -186,6 +186,17 @@ def test_operator_drains_a_replica_scales_and_applies_a_plan(
     page.sign_in("otto")
     page.page.on("dialog", lambda dialog: dialog.accept())
 
+    # The plan first: it was computed from the fleet as it stands, and a drain or a scale
+    # would move that fleet and make the plan stale (tests/frontend/test_stale_plan_pages.py).
+    page.open(f"/plans/{browser_fleet.plan.pk}/")
+    page.page.click("button:has-text('Approve')")
+    page.page.wait_for_selector("text=approved.")
+    page.page.click("button:has-text('Apply')")
+    page.page.wait_for_selector("text=is being applied")
+    assert Plan.objects.get(pk=browser_fleet.plan.pk).status == PlanStatus.APPLYING
+    assert re.search(r"plan\.apply", "".join(
+        AuditLog.objects.filter(actor="otto").values_list("action", flat=True)))
+
     page.open(f"/deployments/{browser_fleet.acme.name}/")
     drain_button = page.page.locator("button", has_text="Drain")
     row = page.page.locator("#replica-table tr", has=drain_button).first
@@ -212,14 +223,6 @@ def test_operator_drains_a_replica_scales_and_applies_a_plan(
     assert Replica.objects.filter(deployment=browser_fleet.acme, region=region,
                                   state=S.PENDING).count() > before
 
-    page.open(f"/plans/{browser_fleet.plan.pk}/")
-    page.page.click("button:has-text('Approve')")
-    page.page.wait_for_selector("text=approved.")
-    page.page.click("button:has-text('Apply')")
-    page.page.wait_for_selector("text=is being applied")
-    assert Plan.objects.get(pk=browser_fleet.plan.pk).status == PlanStatus.APPLYING
-    assert re.search(r"plan\.apply", "".join(
-        AuditLog.objects.filter(actor="otto").values_list("action", flat=True)))
     assert page.problems == []
 
 
