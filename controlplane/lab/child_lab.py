@@ -105,7 +105,7 @@ def start_lab(var_dir: Path, engine: str = "enginesim", *, replicas_per_region: 
     child_env = {**os.environ, "DATABASE_URL": database_url,
                  "REDIS_URL": os.environ.get("BENCH_REDIS_URL",
                                              f"redis://127.0.0.1:6379/{backing.lab_redis_db(web)}"),
-                 "MERIDIAN_BEAT_STALE_S": "60", "MERIDIAN_LAB": "1", **(env or {})}
+                 "MERIDIAN_LAB": "1", **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "controlplane.lab", "--web-port", str(web), "--var-dir",
          str(var_dir), "--edge-port", str(edge_base), "--replicas-per-region",

@@ -17,6 +17,7 @@ import pytest
 
 from controlplane.lab import backing
 from controlplane.lab.processes import die_with_parent
+from controlplane.lab.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +47,6 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
     env = {
         **os.environ,
         "DATABASE_URL": urlunsplit(parts._replace(path=f"/{lab_db}")),
-        "MERIDIAN_BEAT_STALE_S": "60",
         # A Redis database of its own: another lab on this machine must not take its tasks.
         "REDIS_URL": f"redis://127.0.0.1:6379/{backing.lab_redis_db(port)}",
     }
@@ -68,19 +68,17 @@ def test_lab_starts_serves_and_stops(tmp_path, settings):  # type: ignore[no-unt
             if "API token" in line:
                 token = line.split()[-1]
         assert token and token.startswith("mrd_"), "".join(output)
-        body: dict = {}
-        while time.monotonic() < deadline:
-            try:
-                code, body = get_json(f"http://127.0.0.1:{port}/api/v1/status/", token)
-            except OSError:
-                time.sleep(0.5)
-                continue
+        def settled() -> dict | None:
             # Every queue's worker answers: control, provision and batch.
+            code, body = get_json(f"http://127.0.0.1:{port}/api/v1/status/", token)
             queues = {w.split("@")[0] for w in body.get("workers", [])}
-            if code == 200 and body["celery"]["ok"] and body["beat"]["ok"] \
-                    and {"control", "provision", "batch"} <= queues:
-                break
-            time.sleep(1)
+            ready = code == 200 and body["celery"]["ok"] and body["beat"]["ok"] \
+                and {"control", "provision", "batch"} <= queues
+            return body if ready else None
+
+        body = wait_until(settled, deadline - time.monotonic(),
+                          "the lab's status with every worker and beat alive", every_s=0.5,
+                          ignore=(OSError,))
         assert body.get("database", {}).get("ok"), body
         assert body["celery"]["ok"] and body["beat"]["ok"], body
         assert {"control", "provision", "batch"} <= {w.split("@")[0] for w in body["workers"]}, body
@@ -158,16 +156,12 @@ def free_edge_ports() -> int:
 
 
 def wait_for(fetch, done, deadline):  # type: ignore[no-untyped-def]
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = fetch()
-            if done(last):
-                return last
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out; last value: {last!r}")
+    """The first value of `fetch()` that is `done`, before `deadline` (a monotonic time)."""
+    def answer():  # type: ignore[no-untyped-def]
+        value = fetch()
+        return (value,) if done(value) else None
+    return wait_until(answer, deadline - time.monotonic(), "the lab's answer", every_s=0.5,
+                      ignore=(OSError,))[0]
 
 
 def _ready_replicas(api: str, token: str) -> list[dict]:
