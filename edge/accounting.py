@@ -39,13 +39,19 @@ def account(edge: Edge, exchange: Exchange) -> None:
     metrics.requests.inc((model or UNRESOLVED_MODEL, region, tenant, status))
     ttft = exchange.first_byte_at - started if exchange.first_byte_at else None
     if ttft is not None:
-        metrics.ttft.observe((model,), ttft)
         metrics.overhead.observe((), exchange.overhead_s)
+    # Latency counts successful answers only (those whose head said so, the client's own
+    # disconnect after it included): an error body is written at once, and a revision
+    # answering nothing but 5xx would otherwise look the fastest. The error rate beside it
+    # is the requests counter's.
+    answered_ttft = ttft if ttft is not None and (status < 400 or exchange.status == 0) else None
+    if answered_ttft is not None:
+        metrics.ttft.observe((model,), answered_ttft)
     labels = exchange.revision_labels
     if labels is not None:
         metrics.revision_requests.inc((labels[0], labels[1], status))
-        if ttft is not None:
-            metrics.revision_ttft.observe(labels, ttft)
+        if answered_ttft is not None:
+            metrics.revision_ttft.observe(labels, answered_ttft)
     if exchange.prompt_tokens or exchange.completion_tokens:
         metrics.tokens.inc((model, region, tenant, "prompt"), exchange.prompt_tokens)
         metrics.tokens.inc((model, region, tenant, "completion"), exchange.completion_tokens)

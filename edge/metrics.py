@@ -146,7 +146,8 @@ class EdgeMetrics:
             "and HTTP status.", ("model", "region", "tenant", "status")))
         self.ttft = r.add(Histogram(
             "meridian_edge_time_to_first_token_seconds", "From the request's arrival to the "
-            "first response byte written to the client.", ("model",)))
+            "first response byte written to the client, of successful answers only (no error status).",
+            ("model",)))
         self.itl = r.add(Histogram(
             "meridian_edge_inter_token_latency_seconds", "Between successive stream writes to "
             "the client.", ("model",)))
@@ -158,7 +159,7 @@ class EdgeMetrics:
             ("model", "revision", "status")))
         self.revision_ttft = r.add(Histogram(
             "meridian_edge_revision_time_to_first_token_seconds", "Time to first token of a "
-            "split model's requests, by the answering replica's revision.",
+            "split model's successful answers (no error status), by the answering replica's revision.",
             ("model", "revision"), REVISION_LATENCY_BUCKETS))
         self.revision_itl = r.add(Histogram(
             "meridian_edge_revision_inter_token_latency_seconds", "Inter-token latency of a "

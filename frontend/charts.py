@@ -403,7 +403,9 @@ CANARY_COLOUR = "#dd6b20"
 def rollout_figure(rows: Sequence[Mapping[str, Any]], stable: int, canary: int) -> Figure:
     """The two revisions side by side at each step: TTFT p95 (ms) on the left, 5xx rate (%)
     on the right. `rows`: the steps in order, each a `label` and its analysis `figures`
-    (`stable`/`canary` with `ttft_p95_s` and `error_rate`, None where unmeasured)."""
+    (`stable`/`canary` with `ttft_p95_s` and `error_rate`, None where unmeasured). TTFT
+    counts successful answers only (a revision answering only errors has no bar), and its
+    hover gives the 5xx rate beside it."""
     labels = [row["label"] for row in rows]
 
     def values(side: str, key: str, scale: float) -> list[float | None]:
@@ -419,7 +421,9 @@ def rollout_figure(rows: Sequence[Mapping[str, Any]], stable: int, canary: int) 
         name = f"revision {number} ({side})"
         data.append({"type": "bar", "name": name, "legendgroup": side, "x": labels,
                      "y": values(side, "ttft_p95_s", 1000.0), "marker": {"color": colour},
-                     "hovertemplate": f"{name}<br>TTFT p95 %{{y}} ms<extra>step %{{x}}</extra>"})
+                     "customdata": values(side, "error_rate", 100.0),
+                     "hovertemplate": f"{name}<br>TTFT p95 %{{y}} ms of successful answers"
+                                      f"<br>5xx %{{customdata}}%<extra>step %{{x}}</extra>"})
         data.append({"type": "bar", "name": name, "legendgroup": side, "showlegend": False,
                      "x": labels, "y": values(side, "error_rate", 100.0),
                      "xaxis": "x2", "yaxis": "y2", "marker": {"color": colour},

@@ -211,6 +211,19 @@ def _pair(figures: dict[str, Any], key: str, fmt: Callable[[float], str]) -> str
                       for side in ("stable", "canary"))
 
 
+def _latency_pair(figures: dict[str, Any], key: str) -> str:
+    """“stable / canary” of a latency, which counts successful answers only: a side that
+    answered nothing but errors says so rather than showing a dash, never a fast figure."""
+    def one(side: dict[str, Any]) -> str:
+        value = side.get(key)
+        if value is not None:
+            return f"{value * 1000:.0f} ms"
+        if side.get("requests") and side.get("errors", 0) >= side["requests"]:
+            return "none (all 5xx)"
+        return "—"
+    return " / ".join(one(figures.get(side) or {}) for side in ("stable", "canary"))
+
+
 def step_rows(rollout: Rollout) -> list[dict[str, Any]]:
     """Each step with its figures: the judged ones, or, for the step under way, its window
     so far (marked live)."""
@@ -229,8 +242,8 @@ def step_rows(rollout: Rollout) -> list[dict[str, Any]]:
             "regions": rollout.waves[step.wave] if rollout.waves else [],
             "requests": _pair(figures, "requests", lambda v: f"{v:.0f}"),
             "errors": _pair(figures, "error_rate", lambda v: f"{v:.1%}"),
-            "ttft": _pair(figures, "ttft_p95_s", lambda v: f"{v * 1000:.0f} ms"),
-            "itl": _pair(figures, "itl_p95_s", lambda v: f"{v * 1000:.0f} ms"),
+            "ttft": _latency_pair(figures, "ttft_p95_s"),
+            "itl": _latency_pair(figures, "itl_p95_s"),
         })
     return rows
 

@@ -162,3 +162,20 @@ def test_the_list_pages_queries_do_not_grow_with_the_rollouts(signed_in, fleet):
         one_more(fleet.acme)
         one_more(fleet.globex)
     assert queries() == few
+
+
+def test_a_canary_answering_only_errors_shows_no_latency_and_its_5xx_beside(signed_in, rollout):  # type: ignore[no-untyped-def]
+    """Latency counts successful answers only: a canary whose every answer was a 5xx has no
+    TTFT to look fast with, and says why; the chart's TTFT bars carry the 5xx rate."""
+    failing = judged("fail", stable_ttft=0.2, canary_ttft=0.002, canary_errors=200)
+    failing["canary"].update(ttft_p95_s=None, itl_p95_s=None)
+    failing["checks"] = []
+    services.roll_back(rollout.pk, actor=services.ANALYST, reason="canary 5xx", figures=failing)
+    response = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/")
+    rows = response.context["rows"]
+    last = rows[-1]
+    assert last["ttft"] == "200 ms / none (all 5xx)" and last["errors"] == "0.0% / 100.0%"
+    ttft = [t for t in response.context["figure"]["data"] if "TTFT" in t["hovertemplate"]]
+    canary = ttft[1]
+    assert canary["y"][-1] is None and canary["customdata"][-1] == 100.0
+    assert "5xx %{customdata}%" in canary["hovertemplate"]
