@@ -18,6 +18,9 @@ A region is:
 - idle when nothing serves there: no replicas, or only draining or starting ones, or a down
   region whose hold has passed ("recovered") and that holds nothing yet;
 - healthy when replicas serve and none failed unanswered.
+
+Every reason agrees with the failure count shown beside it (`failing`: failures within the
+health window): a healthy or idle region that had failures says how many, answered.
 """
 
 from __future__ import annotations
@@ -105,7 +108,16 @@ def region_state(counts: RegionCounts) -> tuple[str, str]:
             return "idle", (f"recovered from {counts.failed_recently} failures; nothing serves "
                             "here yet" + (f" ({', '.join(waiting)})" if waiting else ""))
         if waiting:
-            return "idle", "nothing serves: " + ", ".join(waiting)
-        return "idle", "no replicas"
+            return "idle", "nothing serves: " + ", ".join(waiting) + _answered(counts)
+        return "idle", "no replicas" + _answered(counts)
     return "healthy", f"{counts.serving} replica{'s' if counts.serving != 1 else ''} serve" + (
-        "s" if counts.serving == 1 else "")
+        "s" if counts.serving == 1 else "") + _answered(counts)
+
+
+def _answered(counts: RegionCounts) -> str:
+    """What a region's state leaves out of its failure count: failures already answered
+    (their incident closed), so that a reason never contradicts the `failing` beside it."""
+    if not counts.failed_recently:
+        return ""
+    failed = counts.failed_recently
+    return f"; {_plural(failed, 'replica')} failed recently (answered)"

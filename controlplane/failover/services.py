@@ -47,6 +47,7 @@ from controlplane.failover.health import (
     replica_verdict,
 )
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
+from controlplane.failover.notes import failures, note, stage_note
 from controlplane.failover.probes import probe_all
 from controlplane.failover.timeline import QUIET_RESOLVE, timeline
 from controlplane.placement import proposals
@@ -196,14 +197,11 @@ def record_failures(failed: list[Replica], *, tables_pushed: bool,
             incident.failed_replicas = sorted(set(incident.failed_replicas) | set(names))
             if tables_pushed and incident.tables_pushed_at is None:
                 incident.tables_pushed_at = timezone.now()
-            note(incident, f"detected {', '.join(names)} failed: {replicas[0].last_error}")
+            note(incident, f"detected {', '.join(names)} failed: " + failures(
+                (r.public_id, r.url, r.last_error) for r in replicas), at=now)
             incident.save()
         incidents.append(incident)
     return incidents
-
-
-def note(incident: Incident, text: str) -> None:
-    incident.notes = [*incident.notes, [timezone.now().isoformat(), text]][-50:]
 
 
 # -- 4. replacements --------------------------------------------------------------------------
@@ -494,12 +492,12 @@ def progress_incidents(now: datetime | None = None) -> list[int]:
         if incident.replacement_ready_at is None and replacements and all(
                 r.state in SERVING_STATES for r in replacements):
             incident.replacement_ready_at = max(r.ready_at or now for r in replacements)
-            note(incident, "replacements ready")
+            stage_note(incident, "replacement_ready_at", "replacements ready")
             changed = True
         if (incident.replacement_ready_at and incident.traffic_back_at is None
                 and _served_requests(ReplicaSample, ids)):
             incident.traffic_back_at = now
-            note(incident, "replacements serve traffic")
+            stage_note(incident, "traffic_back_at", "replacements serve traffic")
             changed = True
         nothing_to_replace = not incident.replacements and not Replica.objects.filter(
             pk__in=[int(n.removeprefix("r-")) for n in incident.failed_replicas],
@@ -510,7 +508,7 @@ def progress_incidents(now: datetime | None = None) -> list[int]:
                 or (nothing_to_replace and incident.detected_at is not None
                     and now - incident.detected_at > QUIET_RESOLVE)):
             incident.resolved_at = now
-            note(incident, "resolved")
+            stage_note(incident, "resolved_at", "resolved")
             record_audit(ACTOR, "failover.resolved", incident, reason=incident.summary,
                          changes=timeline(incident))
             resolved.append(incident.pk)

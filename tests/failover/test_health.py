@@ -1,5 +1,7 @@
 """Health verdicts: when a probe fails a replica, when a region is down."""
 
+import pytest
+
 from controlplane.failover.health import (
     Probe,
     RegionCounts,
@@ -72,3 +74,26 @@ def test_failures_past_the_hold_or_older_than_the_regions_newest_replica_do_not_
     assert state == "idle" and reason.startswith("recovered from 2 failures")
     # A restarted lab: new replicas start where the last run's failed (they are older).
     assert region_state(RegionCounts(0, 2, failed_recently=2, failed_lately=0))[0] == "idle"
+
+
+@pytest.mark.parametrize("counts", [
+    RegionCounts(serving=1, starting=0, failed_recently=1),
+    RegionCounts(serving=2, starting=0, failed_recently=3),
+    RegionCounts(0, 0, failed_recently=1),
+    RegionCounts(0, 1, failed_recently=1),
+    RegionCounts(0, 0, failed_recently=1, draining=1),
+    RegionCounts(1, 0, failed_recently=1, open_incident=True),
+    RegionCounts(0, 0, failed_recently=2),
+])
+def test_a_regions_reason_agrees_with_its_failure_count(counts):
+    """Frankfurt said "healthy, 1 replica serves" beside failing: 1."""
+    state, reason = region_state(counts)
+    failed = counts.failed_recently
+    assert "failed" in reason and (f"{failed} replica" in reason or f"{failed} failures" in reason), (
+        state, reason)
+
+
+def test_a_healthy_region_with_an_answered_failure_says_so():
+    assert region_state(RegionCounts(1, 0, failed_recently=1)) == (
+        "healthy", "1 replica serves; 1 replica failed recently (answered)")
+    assert region_state(RegionCounts(2, 0, failed_recently=0)) == ("healthy", "2 replicas serve")
