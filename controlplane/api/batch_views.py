@@ -225,9 +225,12 @@ def batches(request: HttpRequest, key: ApiKey) -> HttpResponse:
 
 
 def batch_answer(batch: Batch) -> dict[str, Any]:
-    """OpenAI's batch object, with what Meridian adds under `meridian` (the cost: see
-    batches.cost), which OpenAI's clients leave alone."""
-    return {**batch_object(batch), "meridian": {"cost": cost_json(batch_cost(batch))}}
+    """OpenAI's batch object with its `usage`, and what Meridian adds under `meridian` (the
+    cost: see batches.cost), which OpenAI's clients leave alone. The usage and the cost's
+    tokens are one sum of the finished lines' usage."""
+    cost = batch_cost(batch)
+    return {**batch_object(batch), "usage": cost.usage.as_openai(),
+            "meridian": {"cost": cost_json(cost)}}
 
 
 @inference_api(("GET",))

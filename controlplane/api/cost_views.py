@@ -146,19 +146,28 @@ class CostRollupViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
 
 class CentsField(serializers.FloatField):
-    """An amount in dollars, to the cent."""
+    """An amount in dollars, to the cent (under a cent, to four significant figures), as
+    everywhere (`core.money.amount`)."""
 
     def to_representation(self, value: Any) -> float:  # type: ignore[override]
-        return float(money.cents(value))
+        return float(money.amount(value))
+
+
+class RatioField(serializers.FloatField):
+    """A fraction to three decimals, as everywhere (`core.money.ratio`)."""
+
+    def to_representation(self, value: Any) -> float | None:  # type: ignore[override]
+        return money.ratio(value)
 
 
 class BudgetSerializer(serializers.Serializer):
     tenant = serializers.CharField()
     spent_usd = CentsField(help_text="Spent this UTC month so far.")
     budget_usd = CentsField(allow_null=True, help_text="Monthly budget; null: none.")
-    fraction = serializers.FloatField(allow_null=True, help_text="spent ÷ budget.")
+    fraction = RatioField(allow_null=True, help_text="spent ÷ budget, to three decimals.")
     projected_usd = CentsField(help_text="Month-end spend if the last 24 hours' rate goes on.")
-    projected_fraction = serializers.FloatField(allow_null=True)
+    projected_fraction = RatioField(allow_null=True, help_text="projected ÷ budget, to three "
+                                                              "decimals.")
     over_budget = serializers.BooleanField()
     projected_over = serializers.BooleanField()
     month_start = serializers.DateTimeField()

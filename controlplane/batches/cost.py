@@ -13,21 +13,27 @@ the same length of time just before the batch began, over the tokens they served
 (interactive traffic, paying for the capacity it leaves idle too). Batch work that fills
 capacity interactive traffic leaves idle lowers the $/Mtok of its window. Where the
 counters miss some of the batch's tokens (no samples yet), the batch's own tokens are the
-floor of the window's, so its share is never over the whole.
+floor of the window's, so its share is never over the whole, and the window says so: its
+`tokens` are never fewer than the batch's.
+
+The batch's tokens, its `usage` in the batch object and the floor are one record: the
+engines' usage on its finished lines (`usage.batch_usage`). Amounts and ratios are rounded
+by `core.money`, as on the costs API and the pages.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import F, Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.batches.models import Batch, LineState
-from controlplane.batches.usage import UsageTokens
+from controlplane.batches.models import Batch
+from controlplane.batches.usage import BatchUsage, batch_usage
+from controlplane.core import money
 from controlplane.costs.services import usd_per_mtok, window_costs
 from controlplane.deployments.models import Replica
 from controlplane.telemetry.models import ReplicaSample
@@ -104,9 +110,7 @@ def window_cost(model: str, start: datetime, end: datetime,
 
 
 def batch_tokens(batch: Batch) -> int:
-    total = batch.lines.filter(state=LineState.DONE).aggregate(
-        n=Sum(UsageTokens(F("result"))))["n"]
-    return int(total or 0)
+    return batch_usage(batch).total_tokens
 
 
 def _end(batch: Batch, now: datetime) -> datetime:
@@ -121,6 +125,7 @@ class BatchCost:
     usd: Decimal | None  # None: the batch has not started
     window: WindowCost | None
     interactive: WindowCost | None
+    usage: BatchUsage = field(default_factory=BatchUsage)  # what `tokens` is the total of
 
     @property
     def usd_per_mtok(self) -> float | None:
@@ -135,22 +140,23 @@ class BatchCost:
         batch, interactive = self.usd_per_mtok, self.interactive_usd_per_mtok
         if batch is None or not interactive:
             return None
-        return batch / interactive
+        return money.ratio(batch / interactive)
 
 
 def batch_cost(batch: Batch, now: datetime | None = None) -> BatchCost:
     """The batch's share of its replicas' cost, and the interactive price beside it."""
     now = now or timezone.now()
-    tokens = batch_tokens(batch)
+    usage = batch_usage(batch)
+    tokens = usage.total_tokens
     start = batch.in_progress_at
     if start is None:
-        return BatchCost(tokens, None, None, None)
-    window = window_cost(batch.model, start, _end(batch, now), now)
-    served = max(window.tokens, tokens)
-    usd = window.usd * tokens / served if served else Decimal(0)
+        return BatchCost(tokens, None, None, None, usage)
+    counted = window_cost(batch.model, start, _end(batch, now), now)
+    window = replace(counted, tokens=max(counted.tokens, tokens))  # the batch's at least
+    usd = window.usd * tokens / window.tokens if window.tokens else Decimal(0)
     length = min(MAX_INTERACTIVE_WINDOW, max(MIN_INTERACTIVE_WINDOW, window.end - start))
     interactive = window_cost(batch.model, start - length, start, now)
-    return BatchCost(tokens, usd, window, interactive)
+    return BatchCost(tokens, usd, window, interactive, usage)
 
 
 def cost_json(cost: BatchCost) -> dict[str, Any]:
@@ -160,9 +166,11 @@ def cost_json(cost: BatchCost) -> dict[str, Any]:
         if w is None:
             return None
         return {"start": int(w.start.timestamp()), "end": int(w.end.timestamp()),
-                "usd": float(w.usd), "tokens": w.tokens, "usd_per_mtok": w.usd_per_mtok}
+                "usd": float(money.amount(w.usd)), "tokens": w.tokens,
+                "usd_per_mtok": w.usd_per_mtok}
 
-    return {"tokens": cost.tokens, "usd": None if cost.usd is None else round(float(cost.usd), 6),
+    return {"tokens": cost.tokens,
+            "usd": None if cost.usd is None else float(money.amount(cost.usd)),
             "usd_per_mtok": cost.usd_per_mtok,
             "interactive_usd_per_mtok": cost.interactive_usd_per_mtok,
             "ratio_vs_interactive": cost.ratio_vs_interactive,

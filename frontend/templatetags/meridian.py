@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join, json_script
 from django.utils.safestring import SafeString
 
-from controlplane.core.money import format_usd
+from controlplane.core.money import format_ratio, format_usd
 from controlplane.core.redaction import redact_addresses
 
 register = template.Library()
@@ -28,16 +28,15 @@ def figure(fig: dict[str, Any], element_id: str, label: str = "") -> SafeString:
 
 @register.filter
 def usd(value: Decimal | float | None) -> str:
-    """$1,234.56, −$12.29 (or a dash when there is no figure): to the cent, as the API."""
+    """$1,234.56, −$12.29, $0.003412 under a cent (or a dash when there is no figure), as
+    the API rounds it."""
     return format_usd(value)
 
 
 @register.filter
 def usd_fine(value: Decimal | float | None) -> str:
-    """Money that may be less than a cent (a batch's cost): to the cent from a cent up,
-    else to four significant figures ($0.003412)."""
-    if value is not None and value != "" and 0 < abs(float(value)) < 0.01:
-        return format_usd(value, per_mtok=True)
+    """Money that may be less than a cent (a batch's cost): as `usd`, which gives one under
+    a cent to four significant figures ($0.003412)."""
     return format_usd(value)
 
 
@@ -56,12 +55,9 @@ def number(value: float | int | None, places: int = 0) -> str:
 
 @register.filter
 def ratio(value: float | None) -> str:
-    """A ratio as "0.42×"; one under 0.01 as "<0.01×" rather than a zero it is not."""
-    if value is None:
-        return "—"
-    if 0 < value < 0.01:
-        return "<0.01×"
-    return f"{value:,.2f}×"
+    """A ratio to three decimals, as the API gives it: "0.425×"; one under 0.001 as
+    "<0.001×" rather than a zero it is not."""
+    return format_ratio(value)
 
 
 @register.filter

@@ -114,9 +114,38 @@ def test_the_batch_api_answer_carries_the_cost_under_meridian(fleet: Any,
     assert answer["object"] == "batch" and answer["request_counts"]["completed"] == 2
     cost = answer["meridian"]["cost"]
     assert cost["tokens"] == 1400
-    assert cost["usd"] == pytest.approx(float(FRA_H100 / 6 / 5), abs=1e-6)
+    assert cost["usd"] == float((FRA_H100 / 6 / 5).quantize(Decimal("0.01")))  # to the cent
     assert cost["ratio_vs_interactive"] == pytest.approx(2000 / 7000, abs=1e-3)
     assert cost["window"]["tokens"] == 7000 and cost["interactive_window"]["tokens"] == 2000
 
     other = client(fleet["globex"]).get(f"/v1/batches/{priced_batch.pk}")
     assert other.status_code == 404   # another tenant sees neither the batch nor its cost
+
+
+@pytest.mark.django_db
+def test_the_window_usage_and_tokens_are_one_record_and_figures_are_rounded(
+        fleet: Any, priced_batch: Batch) -> None:
+    """A batch's window counted 0 tokens while cost.tokens said 960, its usage was null, and
+    window.usd and ratio_vs_interactive came unrounded (0.012725637932777778)."""
+    BatchLine.objects.filter(batch=priced_batch, custom_id="l1").update(result={"usage": {
+        "prompt_tokens": 400, "completion_tokens": 200, "total_tokens": 600,
+        "prompt_tokens_details": {"cached_tokens": 128}}})
+    BatchLine.objects.filter(batch=priced_batch, custom_id="l2").update(result={"usage": {
+        "prompt_tokens": 500, "completion_tokens": 300, "total_tokens": 800}})
+    # The counters saw nothing of the batch's window: only the batch's own tokens are known.
+    ReplicaSample.objects.filter(at__gt=T0).delete()
+    Batch.objects.filter(pk=priced_batch.pk).update(
+        status="completed", in_progress_at=T0, completed_at=T0 + timedelta(minutes=10))
+    answer = client(fleet["acme"]).get(f"/v1/batches/{priced_batch.pk}").json()
+    cost = answer["meridian"]["cost"]
+    assert cost["tokens"] == 1400 and cost["window"]["tokens"] == 1400
+    assert answer["usage"] == {
+        "input_tokens": 900, "input_tokens_details": {"cached_tokens": 128},
+        "output_tokens": 500, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 1400}
+    # Money to the cent (four figures under one), ratios to three decimals, as everywhere.
+    window_usd = FRA_H100 / 6
+    assert cost["window"]["usd"] == float(window_usd.quantize(Decimal("0.01")))
+    assert cost["usd"] == cost["window"]["usd"]  # all the window's tokens were the batch's
+    # The same $ over 1,400 tokens against over the interactive window's 2,000.
+    assert cost["ratio_vs_interactive"] == 1.429

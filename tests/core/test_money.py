@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from controlplane.core.money import cents, format_usd, rate
+from controlplane.core.money import amount, cents, format_ratio, format_usd, rate, ratio
 from controlplane.costs.services import usd_per_mtok
 
 
@@ -35,3 +35,22 @@ def test_formatting_uses_the_same_rounding() -> None:
     assert format_usd(Decimal("1982.995")) == "$1,983.00"
     assert format_usd(984.736040609137, per_mtok=True) == "$984.7"
     assert format_usd(None) == "—"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (Decimal("1982.995"), Decimal("1983.00")), (0.012725637932777778, Decimal("0.01")),
+    (0.003412345, Decimal("0.003412")), (0, Decimal("0.00")), (Decimal("-0.0049999"),
+                                                               Decimal("-0.005000")),
+])
+def test_amounts_keep_the_cent_and_four_figures_under_it(value, expected) -> None:  # type: ignore[no-untyped-def]
+    assert amount(value) == expected
+
+
+def test_ratios_keep_three_decimals_and_formatting_follows() -> None:
+    assert ratio(0.012725637932777778) == 0.013 and ratio(2000 / 7000) == 0.286
+    assert ratio(None) is None
+    assert (format_ratio(0.4249), format_ratio(0.0004), format_ratio(None)) == (
+        "0.425×", "<0.001×", "—")
+    # A page shows the figure the API gives: under a cent as four figures, not $0.00.
+    assert (format_usd(0.003412345), format_usd(0.5), format_usd(12.289)) == (
+        "$0.003412", "$0.50", "$12.29")

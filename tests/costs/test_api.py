@@ -140,3 +140,14 @@ def test_default_window_is_this_month(make_client, tenants) -> None:  # type: ig
     since = datetime.fromisoformat(body["since"].replace("Z", "+00:00"))
     assert since.day == 1 and since.hour == 0 and since.tzinfo is not None
     assert since.astimezone(UTC).month == timezone.now().month
+
+
+def test_budget_fractions_are_rounded_as_every_ratio_is(make_client, tenants, rollups) -> None:  # type: ignore[no-untyped-def]
+    """spent ÷ budget to three decimals, as a batch's ratio_vs_interactive (core.money)."""
+    acme = tenants["acme"]
+    acme.monthly_budget_usd = Decimal("34.5")  # 11.5 spent: a third
+    acme.save()
+    one = make_client("viewer").get("/api/v1/budgets/acme/").json()
+    assert one["fraction"] == 0.333
+    assert one["projected_fraction"] is None or one["projected_fraction"] == round(
+        one["projected_fraction"], 3)

@@ -204,9 +204,10 @@ def test_money_and_time_are_written_for_people():
     assert ago(timezone.now() - timedelta(minutes=12, seconds=5)) == "12 min ago"
     assert ago(None) == "never"
     assert str(counts({"ready": 2})) == '<span class="badge state-ready">2 ready</span>'
-    # A ratio too small for two decimals is not written as a zero it is not.
+    # Ratios to three decimals, as the API; one too small for them is not written as a
+    # zero it is not.
     assert (ratio(0.4249), ratio(0.0004), ratio(0.0), ratio(None)) == (
-        "0.42×", "<0.01×", "0.00×", "—")
+        "0.425×", "<0.001×", "0.000×", "—")
 
 
 @pytest.mark.parametrize(("states", "observed", "health"), [
