@@ -204,7 +204,7 @@ class Revision(models.Model):
         return f"rev-{self.pk}"
 
     def __str__(self) -> str:
-        return f"{self.deployment_id}@{self.number}"
+        return f"{self.deployment.name} revision {self.number}"  # as the pages name it
 
 
 class ReplicaState(models.TextChoices):

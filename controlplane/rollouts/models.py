@@ -85,7 +85,7 @@ class Rollout(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"rollout {self.pk} of {self.deployment_id} ({self.state})"
+        return f"rollout {self.pk} of {self.deployment.name} ({self.state})"  # as the pages
 
     @property
     def weight(self) -> int:

@@ -36,4 +36,5 @@ class ScalingDecision(models.Model):
         db_table = "failover_scalingdecision"
 
     def __str__(self) -> str:
-        return f"{self.deployment_id} {self.direction} {self.replicas_before}→{self.replicas_after}"
+        return (f"{self.deployment.name} {self.direction} "
+                f"{self.replicas_before}→{self.replicas_after}")
