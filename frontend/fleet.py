@@ -142,6 +142,13 @@ class Overview:
         return sum(1 for r in self.regions if r.counts.get(S.READY) or r.counts.get(S.DEGRADED))
 
     @property
+    def regions_used(self) -> int:
+        """Regions this fleet uses: those holding any of the viewer's replicas not yet
+        terminated (a failed one too, so a down region still counts). What `regions_serving`
+        is a share of; the regions merely open to placement are `regions_enabled`."""
+        return sum(1 for r in self.regions if r.replicas)
+
+    @property
     def in_flight(self) -> bool:
         """Something is on its way up, out or down: the page refreshes quickly."""
         return (any(self.states.get(s) for s in IN_FLIGHT_STATES)
