@@ -15,6 +15,7 @@ thresholds are `thresholds.py`, which the models (a rule's overrides) use too.
 | edge_table_stale | seconds an edge has been behind its newest table | 30 / 300 | 0 |
 | rollout_rolled_back | a rollout its analysis rolled back within the window: critical | — | 0 |
 | table_entry_excluded | an entry the edge's parser refused, left out of the newest tables: critical | — | 0 |
+| rule_violated | a deployment's serving replicas break its placement rules (placement/rules.py): warning | — | 60 s |
 """
 
 from __future__ import annotations
@@ -285,3 +286,27 @@ def rollout_rolled_back(rollouts: Iterable[RolledBack]) -> list[Finding]:
         message=(f"Rollout {r.rollout_id} of {r.deployment} (revision {r.to_revision}) was "
                  f"rolled back automatically at {r.weight}%: {r.why}."),
     ) for r in rollouts]
+
+
+# --- placement rules ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RulesBroken:
+    deployment: str
+    tenant_id: int | None
+    violations: tuple[str, ...]  # placement.rules.violations, in words
+    auto_apply_plans: bool
+
+
+def rule_violated(deployments: Iterable[RulesBroken]) -> list[Finding]:
+    """One warning per deployment that breaks its placement rules, saying which and what
+    the replan does about it."""
+    return [Finding(
+        rule=Rule.RULE_VIOLATED, subject=d.deployment, severity=Severity.WARNING,
+        value=float(len(d.violations)), unit="rules", tenant_id=d.tenant_id,
+        message=(f"{d.deployment} breaks its placement rules: {'; '.join(d.violations)}. "
+                 + ("The replan proposes and applies a plan that repairs it."
+                    if d.auto_apply_plans else
+                    "auto_apply_plans is false: the replan proposes a plan that repairs it "
+                    "and nothing moves until an operator applies it (Plans).")),
+    ) for d in deployments if d.violations]

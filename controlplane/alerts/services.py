@@ -46,6 +46,7 @@ from controlplane.costs.services import month_to_date_usd
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.failover.models import RegionHealth
+from controlplane.placement import rules as placement_rules
 from controlplane.rollouts.models import Rollout, RolloutState
 from controlplane.rollouts.services import ANALYST
 from controlplane.routing.models import RoutingTable
@@ -220,6 +221,17 @@ def rollout_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findi
         for r in rows)
 
 
+def rule_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Finding]:
+    deployments = list(Deployment.objects.prefetch_related(
+        "allowed_jurisdictions", "user_regions").order_by("name"))
+    broken = placement_rules.rule_violations(deployments)
+    return rules.rule_violated(
+        rules.RulesBroken(deployment=d.name, tenant_id=d.tenant_id,
+                          violations=tuple(str(v) for v in broken[d.pk]),
+                          auto_apply_plans=d.auto_apply_plans)
+        for d in deployments)
+
+
 Gather = Callable[[datetime, dict[str, Thresholds]], list[Finding]]
 
 # Which rules each loader answers for; a loader that fails leaves those rules' alerts alone.
@@ -232,6 +244,7 @@ GATHERERS: tuple[tuple[tuple[str, ...], Gather], ...] = (
     ((Rule.EDGE_TABLE_STALE,), edge_findings),
     ((Rule.ROLLOUT_ROLLED_BACK,), rollout_findings),
     ((Rule.TABLE_ENTRY_EXCLUDED,), table_findings),
+    ((Rule.RULE_VIOLATED,), rule_findings),
 )
 
 

@@ -19,6 +19,7 @@ class Rule(models.TextChoices):
     EDGE_TABLE_STALE = "edge_table_stale", "Edge table out of date"
     ROLLOUT_ROLLED_BACK = "rollout_rolled_back", "Rollout rolled back by its analysis"
     TABLE_ENTRY_EXCLUDED = "table_entry_excluded", "Entry left out of the routing tables"
+    RULE_VIOLATED = "rule_violated", "Deployment breaks its placement rules"
 
 
 class Severity(models.TextChoices):
@@ -56,6 +57,9 @@ DEFAULTS: dict[str, Thresholds] = {
     # Open for window_s after the rollback (or until acknowledged and the window ends).
     Rule.ROLLOUT_ROLLED_BACK: Thresholds(warning=None, critical=None, window_s=3600),
     Rule.TABLE_ENTRY_EXCLUDED: Thresholds(warning=None, critical=None),
+    # Held for a minute: a failover or a promotion that moves replicas breaks spread for
+    # the seconds its replacements take to serve.
+    Rule.RULE_VIOLATED: Thresholds(warning=None, critical=None, for_s=60),
 }
 
 

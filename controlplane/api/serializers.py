@@ -23,6 +23,7 @@ from controlplane.core.services import (
 from controlplane.deployments import services as deployment_services
 from controlplane.deployments.models import Deployment, Model, Replica
 from controlplane.placement import admission
+from controlplane.placement import rules as placement_rules
 from controlplane.provisioning.models import Operation
 from controlplane.routing import names as routing_names
 from controlplane.routing.models import Edge, RoutingPolicy
@@ -249,6 +250,18 @@ class LlmModelSerializer(StrictModelSerializer):
         return attrs
 
 
+class _DeploymentList(serializers.ListSerializer):
+    """A page of deployments, their rule violations read for the whole page at once."""
+
+    def to_representation(self, data: Any) -> list[Any]:
+        items = list(data.all() if hasattr(data, "all") else data)
+        # The child's context is this serializer's own dict (DRF reads it from the root).
+        context = self.child.context if self.child is not None else None
+        if isinstance(context, dict):
+            context["rule_violations"] = placement_rules.rule_violations(items)
+        return super().to_representation(items)
+
+
 class DeploymentSerializer(_TenantOwned):
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
     tenant = serializers.SlugRelatedField(
@@ -263,9 +276,14 @@ class DeploymentSerializer(_TenantOwned):
         choices=["placeable", "unplaceable"], read_only=True,
         help_text="unplaceable: the last attempt to place it failed (placement_problem says "
                   "why); settings no offer can ever hold are refused with 400 instead.")
+    rule_violations = serializers.SerializerMethodField(
+        help_text="The placement rules its serving replicas break now, in words (spread, "
+                  "residency, latency): e.g. \"spread_regions 3, serving in 1 region "
+                  "(aws:eu-central-1)\". Empty when it keeps them all.")
 
     class Meta:
         model = Deployment
+        list_serializer_class = _DeploymentList
         fields = [
             "id", "name", "served_model_name", "model", "tenant", "tier",
             "allowed_jurisdictions", "user_regions", "slo_ttft_p95_ms", "slo_itl_p95_ms",
@@ -275,7 +293,8 @@ class DeploymentSerializer(_TenantOwned):
             "auto_apply_plans",
             "autoscale", "target_inflight_per_replica", "warm_pool", "scale_up_cooldown_s",
             "scale_down_cooldown_s", "replicas_ready", "placement_status",
-            "placement_problem", "placement_problem_since", "created_at", "updated_at",
+            "placement_problem", "placement_problem_since", "rule_violations", "created_at",
+            "updated_at",
         ]
         read_only_fields = ["placement_problem", "placement_problem_since", "created_at",
                             "updated_at"]
@@ -283,6 +302,14 @@ class DeploymentSerializer(_TenantOwned):
             "Share of the replicas that may run on spot capacity (0–1). Default: 1 for the "
             "batch tier (a reclaimed spot replica's batch lines are claimed again), 0 for "
             "interactive.")}}
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_rule_violations(self, obj: Deployment) -> list[str]:
+        known = self.context.get("rule_violations")
+        found = known.get(obj.pk) if known is not None else None
+        if found is None:
+            found = placement_rules.rule_violations([obj])[obj.pk]
+        return [str(v) for v in found]
 
     def validate_name(self, value: str) -> str:
         return refuse_numeric_name(value)

@@ -5,7 +5,9 @@ Every run (`placement.replan`, under an advisory lock):
 1. finds the rules running replicas break — a region disabled (or its cloud), a region whose
    RegionHealth is down, an offer that no longer exists, a region outside the deployment's
    jurisdictions, a deployment in fewer regions than its spread asks while enough usable
-   regions exist (failover placed its replacements elsewhere), a quota pool running more GPUs
+   regions exist (failover placed its replacements elsewhere, or an earlier release's
+   rollout squeezed it), a replica farther from the deployment's users than its latency
+   target allows (spread and latency in `placement.rules`' words), a quota pool running more GPUs
    than its limit, a price that moved since the plan that placed the replica;
 2. solves the whole fleet (offers in down regions are not options, so replicas there must go);
    a deployment no plan can place is left out, its replicas untouched, and marked with why
@@ -46,6 +48,7 @@ from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.failover.models import Health, RegionHealth
 from controlplane.placement import basis
+from controlplane.placement import rules as placement_rules
 from controlplane.placement.candidates import CandidateIndex
 from controlplane.placement.capacity import replica_nodes
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
@@ -90,7 +93,8 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class BrokenRule:
-    kind: str  # region_disabled | region_down | offer_missing | jurisdiction | spread | quota | price
+    kind: str  # region_disabled | region_down | offer_missing | jurisdiction | spread | latency
+    # | quota | price
     detail: str
     deployment: str = ""
     region: str = ""
@@ -124,8 +128,8 @@ class ReplanOutcome:
 def _live(deployments: list[Deployment]) -> list[Replica]:
     return list(Replica.objects.filter(deployment__in=deployments, state__in=LIVE_STATES)
                 .exclude(state=S.DRAINING)
-                .select_related("deployment", "region__cloud", "offer__gpu_type",
-                                "offer__region__cloud"))
+                .select_related("deployment", "region__cloud", "region__jurisdiction",
+                                "offer__gpu_type", "offer__region__cloud"))
 
 
 def down_regions() -> dict[int, str]:
@@ -201,24 +205,22 @@ class _Shapes:
 
 def _spread_broken(deployments: list[Deployment], replicas: list[Replica], shapes: _Shapes
                    ) -> list[BrokenRule]:
-    """Deployments running in fewer regions than their spread rule asks, where enough usable
-    regions exist (failover lowers the spread while a region is down; this moves back)."""
-    regions: dict[int, set[str]] = defaultdict(set)
+    """The spread and latency rules the live replicas break (`placement.rules.violations`,
+    the words the API, the dashboard and the alert use); spread only where enough usable
+    regions exist (failover lowers the spread while a region is down; this moves back).
+    Residency is `find_broken_rules`' jurisdiction check, per region."""
+    placed: dict[int, list[placement_rules.Placed]] = defaultdict(list)
     for r in replicas:
-        regions[r.deployment_id].add(r.region.key)
+        placed[r.deployment_id].append(placement_rules.placed(r))
     out = []
     for d in deployments:
-        here = regions.get(d.pk, set())
-        if not here or len(here) >= d.spread_regions:
-            continue
         allowed = shapes.requests[d.pk].allowed_jurisdictions
         usable = {o.region for o in shapes.options.values() if o.jurisdiction in allowed}
-        if len(usable) < d.spread_regions:
-            continue
-        out.append(BrokenRule(
-            "spread", f"{d.name} runs in {len(here)} region{'s' if len(here) != 1 else ''} "
-            f"({', '.join(sorted(here))}); its spread rule asks for {d.spread_regions}",
-            d.name, "", tuple(r.pk for r in replicas if r.deployment_id == d.pk)))
+        for v in placement_rules.violations(placement_rules.Rules.of(d), placed.get(d.pk, [])):
+            if v.kind == placement_rules.SPREAD and len(usable) >= d.spread_regions:
+                out.append(BrokenRule("spread", f"{d.name}: {v.text}", d.name, "", v.replicas))
+            elif v.kind == placement_rules.LATENCY:
+                out.append(BrokenRule("latency", f"{d.name}: {v.text}", d.name, "", v.replicas))
     return out
 
 
@@ -482,7 +484,8 @@ def _reasons_by_region(broken: list[BrokenRule]) -> dict[tuple[int, int], str]:
     where = {r.pk: (r.deployment_id, r.region_id) for r in replicas}
     out: dict[tuple[int, int], str] = {}
     for b in broken:
-        if b.kind in ("region_disabled", "region_down", "jurisdiction", "offer_missing"):
+        if b.kind in ("region_disabled", "region_down", "jurisdiction", "offer_missing",
+                      "latency"):
             for pk in b.replicas:
                 if pk in where:
                     out.setdefault(where[pk], b.detail)

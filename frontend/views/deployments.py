@@ -18,6 +18,7 @@ from controlplane.costs.services import usd_h_for
 from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES, IllegalTransition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.placement import rules as placement_rules
 from controlplane.scaling.services import (
     DRAIN_DEADLINE_S,
     ScaleRefused,
@@ -57,8 +58,14 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()
     if query:
         rows = rows.filter(Q(name__icontains=query) | Q(served_model_name__icontains=query))
+    page = paginate(request, rows.prefetch_related(
+        "allowed_jurisdictions", Prefetch("user_regions", Region.objects.select_related("cloud"))))
+    page.object_list = list(page.object_list)
+    broken = placement_rules.rule_violations(page.object_list)
+    for d in page.object_list:
+        d.rule_violations = [str(v) for v in broken[d.pk]]
     return render_page(request, "frontend/deployments/list.html", {
-        "page": paginate(request, rows), "query": query_without_page(request), "q": query,
+        "page": page, "query": query_without_page(request), "q": query,
     })
 
 
@@ -146,6 +153,8 @@ def _detail_context(request: HttpRequest, deployment: Deployment,
             totals[state] += n
     context: dict[str, Any] = {
         "deployment": deployment,
+        "rule_violations": [str(v) for v in
+                            placement_rules.rule_violations([deployment])[deployment.pk]],
         "by_region": by_region,
         "totals": fleet.sum_states({"state": s, "n": n} for s, n in totals.items()),
         "usd_h": sum((e["usd_h"] for e in by_region), Decimal(0)),
@@ -153,7 +162,8 @@ def _detail_context(request: HttpRequest, deployment: Deployment,
         "page": paginate(request, _replicas(deployment, show_all)),
         "query": query_without_page(request),
         "show_all": show_all,
-        "refresh_s": _refresh_s(deployment),
+        # From the counts above (non-terminated replicas by state): no query of its own.
+        "refresh_s": fleet.refresh_s(any(totals.get(state) for state in fleet.IN_FLIGHT_STATES)),
         "events": _events(principal, deployment),
         "scaling_decisions": list(deployment.scaling_decisions.order_by("-at", "-id")
                                   [:SCALING_DECISION_LIMIT]),

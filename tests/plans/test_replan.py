@@ -268,7 +268,7 @@ def test_a_spread_that_failover_lowered_is_restored_once_the_regions_are_usable(
     health.save()
     outcome = replan()
     assert [b.kind for b in outcome.broken] == ["spread"], outcome.reason
-    assert "runs in 1 region (aws:eu-central-1); its spread rule asks for 2" in (
+    assert "spread_regions 2, serving in 1 region (aws:eu-central-1)" in (
         outcome.broken[0].detail)
     assert outcome.plan is not None and outcome.plan.trigger == "replan:spread"
     adds = outcome.plan.changes.filter(action=ChangeAction.ADD)
