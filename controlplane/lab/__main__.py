@@ -32,7 +32,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--var-dir", type=Path, default=backing.VAR_DIR)
     parser.add_argument("--edge-port", type=int, default=8100,
                         help="first edge's client port; admin ports start 10 higher")
-    parser.add_argument("--replicas-per-region", type=int, default=1)
+    parser.add_argument("--replicas-per-region", type=int, default=None, metavar="N",
+                        help="the demo deployment's replicas in each region (default: the "
+                             "layout the last run stopped, else 1)")
+    parser.add_argument("--ready-timeout", type=float, default=None, metavar="S",
+                        help="how long to wait for the engines before saying which are still "
+                             "starting (default 120 s for enginesim, "
+                             "$MERIDIAN_VLLM_START_TIMEOUT_S or 240 s for vllm)")
     parser.add_argument("--prometheus-port", type=int, default=9090,
                         help="where the lab's Prometheus listens, when it is installed")
     parser.add_argument("--engine", choices=("enginesim", "vllm"),
@@ -179,6 +185,7 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
            key_file: Path) -> None:
     """Start the control plane's processes, the fleet and the edges; print how to use them."""
     from controlplane.lab.prometheus import start_prometheus
+    from controlplane.lab.readiness import UP, headline
 
     python = sys.executable
     bind = f"{args.host}:{args.web_port}"
@@ -225,6 +232,7 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
 
     base = f"http://{bind}"
     edges = []
+    up_line = UP
     if not args.no_fleet:
         from controlplane.lab.fleet import (
             FLEETS,
@@ -235,24 +243,40 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
             stop_local_replicas,
             write_admin_secrets,
         )
+        from controlplane.lab.layout import describe
+        from controlplane.lab.readiness import wait_for_engines
 
-        # A lab that was killed rather than stopped leaves engines behind: start clean.
-        leftovers = stop_local_replicas()
+        # A lab that was killed rather than stopped leaves engines behind: start clean (their
+        # layout is kept, and brought back below).
+        leftovers = stop_local_replicas(keep_empty=False)
         if leftovers:
             say(f"  terminated {len(leftovers)} replica(s) left by an earlier run")
         edges = lab_edges(args.edge_port)
         fleet = FLEETS[args.engine]
-        say(f"starting {len(edges)} edges and {args.replicas_per_region} {args.engine} "
-            f"replica(s) per region in {fleet.regions} regions")
-        ensure_fleet(edges, args.replicas_per_region, actor="lab", fleet=fleet)
+        started = ensure_fleet(edges, args.replicas_per_region, actor="lab", fleet=fleet)
+        if started.restored:
+            say(f"starting {len(edges)} edges and the {args.engine} replicas that were running: "
+                f"{describe(started.restored)}")
+        else:
+            per_region = args.replicas_per_region if args.replicas_per_region is not None else 1
+            say(f"starting {len(edges)} edges and {per_region} {args.engine} "
+                f"replica(s) per region in {fleet.regions} regions")
         write_admin_secrets(edges, args.var_dir)
         token_file = args.var_dir / "lab" / "admin-token"
         for edge in edges:
             group.start(edge.name, edge_argv(python, edge, args.var_dir,
                                              key_file.with_suffix(".pub.pem"), base, token_file,
                                              tls=edge_certificate(edge, args.var_dir)))
+        # "Up" only once every engine started above answers its readiness check; a process
+        # of the lab's that dies meanwhile ends the wait (the caller reports it).
+        timeout_s = args.ready_timeout if args.ready_timeout is not None else (
+            _vllm_start_timeout_s() if args.engine == "vllm" else ENGINESIM_READY_TIMEOUT_S)
+        waited_from = time.monotonic()
+        engines = wait_for_engines([r.pk for r in started.requested], timeout_s, say,
+                                   give_up=lambda: bool(group.dead()))
+        up_line = headline(engines, time.monotonic() - waited_from)
     _print_banner(f"""
-  Meridian lab is up.
+  {up_line}
     Dashboard   {base}/            (login: {creds.username} / {creds.password})
     Admin       {base}/admin/
     API docs    {base}/api/docs/
@@ -271,6 +295,14 @@ def _start(args: argparse.Namespace, group: ProcessGroup, creds: LabCredentials,
 
 
 CONTROL_PLANE = ("web", "worker", "provisioner", "batcher", "beat")
+# Simulated engines answer within seconds of their launch; this bounds a busy machine's.
+ENGINESIM_READY_TIMEOUT_S = 120.0
+
+
+def _vllm_start_timeout_s() -> float:
+    from controlplane.lab.engines import START_TIMEOUT_S
+
+    return START_TIMEOUT_S
 
 
 def _restart_control_plane(group: ProcessGroup, dead: list) -> list:  # type: ignore[type-arg]

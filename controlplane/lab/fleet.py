@@ -17,6 +17,7 @@ from controlplane.core import certificates
 from controlplane.core.models import Tenant
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Model, Replica
+from controlplane.lab.layout import KEPT_STATES, Layout, last_layout, record_layout, running_layout
 from controlplane.lab.regions import LAB_REGIONS, ensure_lab_regions
 from controlplane.provisioning import services
 from controlplane.provisioning.tasks import request_replicas
@@ -76,19 +77,37 @@ def lab_edges(base_port: int) -> list[LabEdge]:
     ]
 
 
+@dataclass(frozen=True)
+class FleetStart:
+    """What `ensure_fleet` did: the demo deployment, the replicas it requested (the engines
+    the lab waits for), and the layout it brought back (empty: it seeded the lab instead)."""
+
+    deployment: Deployment
+    requested: list[Replica]
+    restored: Layout
+
+
 @transaction.atomic
-def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
-                 fleet: LabFleet = FLEETS["enginesim"]) -> Deployment:
+def ensure_fleet(edges: list[LabEdge], replicas_per_region: int | None, actor: str,
+                 fleet: LabFleet = FLEETS["enginesim"]) -> FleetStart:
     """Regions, the demo deployment (shared), its replicas, and the edge registry rows.
 
+    Replicas: the layout the last run kept (controlplane/lab/layout.py) when there is one,
+    each deployment topped up to its count in each region, a region it had none in left at
+    none; otherwise `replicas_per_region` (1 when None) of the demo deployment in each region.
+    A number given for `replicas_per_region` sets the demo deployment's count in every region
+    even where a layout was kept; other deployments still get theirs back.
+
     A lab restarted with another engine turns the demo deployment over to it (the earlier
-    run's replicas were stopped at start) and disables the lab regions it does not use.
+    run's replicas were stopped at start), seeds it afresh, and disables the lab regions it
+    does not use.
     """
     regions = ensure_lab_regions(LAB_REGIONS[:fleet.regions])
     Region.objects.filter(cloud__name="local").exclude(pk__in=[r.pk for r in regions]).update(
         enabled=False)
     Region.objects.filter(pk__in=[r.pk for r in regions]).update(enabled=True)
-    count = replicas_per_region * len(regions)
+    per_region = 1 if replicas_per_region is None else replicas_per_region
+    count = per_region * len(regions)
     settings = {
         "served_model_name": fleet.served_model_name,
         "model": Model.objects.get(name=fleet.model),
@@ -116,11 +135,19 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
         *Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))
     if created or switched or set(deployment.user_regions.all()) != set(regions):
         deployment.user_regions.set(regions)
-    for region in regions:
-        live = deployment.replicas.filter(region=region, state__in=LIVE_STATES).count()
-        if live < replicas_per_region:
-            request_replicas(deployment, region, replicas_per_region - live, actor=actor,
-                             reason="lab start")
+    layout = last_layout()
+    restored: Layout = {}
+    if created or switched or replicas_per_region is not None or not layout:
+        requested = _top_up(deployment, regions, {r.key: per_region for r in regions}, actor,
+                            "lab start")
+    else:
+        restored[DEMO_DEPLOYMENT] = layout.get(DEMO_DEPLOYMENT, {})
+        requested = _top_up(deployment, regions, restored[DEMO_DEPLOYMENT], actor,
+                            "lab start: the layout that was running")
+    for other in Deployment.objects.filter(name__in=set(layout) - {DEMO_DEPLOYMENT}):
+        requested += _top_up(other, regions, layout[other.name], actor,
+                             "lab start: the layout that was running")
+        restored[other.name] = layout[other.name]
     for edge in edges:
         cloud, code = edge.region.split(":")
         Edge.objects.update_or_create(
@@ -130,7 +157,22 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int, actor: str,
         )
     demo = Tenant.objects.get(name="demo")
     demo.allowed_jurisdictions.add(*{r.jurisdiction for r in regions})
-    return deployment
+    return FleetStart(deployment, requested, restored)
+
+
+def _top_up(deployment: Deployment, regions: list[Region], counts: dict[str, int], actor: str,
+            reason: str) -> list[Replica]:
+    """Request what `deployment` lacks of `counts` (region key -> replicas) in each of the lab's
+    regions (a kept count in a region the lab no longer runs is dropped); live replicas
+    already there count, so running this twice requests nothing more."""
+    made: list[Replica] = []
+    for region in regions:
+        wanted = counts.get(region.key, 0)
+        live = deployment.replicas.filter(region=region, state__in=KEPT_STATES).count()
+        if live < wanted:
+            made += request_replicas(deployment, region, wanted - live, actor=actor,
+                                     reason=reason)
+    return made
 
 
 def edge_certificate(edge: LabEdge, var_dir: Path) -> Path:
@@ -176,9 +218,15 @@ def write_admin_secrets(edges: list[LabEdge], var_dir: Path) -> None:
     (var_dir / "lab" / "edge-admin.json").write_text(json.dumps(known))
 
 
-def stop_local_replicas() -> list[str]:
-    """Terminate every live replica in a local region (their processes outlive the worker)."""
+def stop_local_replicas(keep_empty: bool = True) -> list[str]:
+    """Terminate every live replica in a local region (their processes outlive the worker),
+    first keeping their layout for the next start (controlplane/lab/layout.py); with
+    `keep_empty` false, a layout is kept only when some replica was live (the start's
+    clean-up of a killed lab's leftovers must not forget the layout the last stop kept)."""
     close_old_connections()
+    layout = running_layout()
+    if layout or keep_empty:
+        record_layout(layout, "lab stopped: its replicas come back on the next start")
     stopped = []
     for replica in Replica.objects.filter(region__cloud__name="local", state__in=LIVE_STATES):
         services.terminate(replica.pk, actor="lab", reason="lab stopped")
