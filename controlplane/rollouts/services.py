@@ -199,19 +199,20 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
     served = ({} if regions else
               served_by_region(r for r in active if r.revision_id != revision.pk))
     if not regions:
-        made, hows = place_spread_first(
-            deployment, sized, revision, active, count, gpu_types,
-            _ranked(served) if prefer is None else prefer, actor=actor, reason=reason)
+        tries = ([where for where, _ in _canary_regions(served) if where] if prefer is None
+                 else [{key} for key in prefer])
+        made, hows = place_spread_first(deployment, sized, revision, active, count,
+                                        gpu_types, tries, actor=actor, reason=reason)
     if count - len(made) <= 0 or spread_only:
         return made, "; ".join(hows)
     placement = None
     # Beside the stable replicas that serve the most, so that the analysis compares the two
     # revisions at the same network distance from the edges; then anywhere they serve;
     # then wherever the solver finds room.
-    tries = ([(set(regions), f"in {', '.join(sorted(regions))}"),
+    rest = ([(set(regions), f"in {', '.join(sorted(regions))}"),
               (set(), "where the solver found room")] if regions
              else _canary_regions(served))
-    for where_to, where in tries:
+    for where_to, where in rest:
         placement = place_scale_up(sized, active, count - len(made), gpu_types=gpu_types,
                                    regions=where_to)
         if placement.slots:

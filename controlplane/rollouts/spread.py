@@ -3,8 +3,9 @@
 A canary at 100% and a promoted revision become the whole fleet, so the revision's own
 replicas must span as many regions as `spread_regions` asks (or as many as they are, when
 fewer). Each placement of a revision's replicas first puts one replica in each region it
-still lacks, preferring the regions given (those the stable revision serves, busiest first),
-then wherever the solver finds room; every placement goes through the solver
+still lacks, preferring the regions given (those the stable revision serves: the busiest
+alone when one served more than the others, else the solver's cheapest of them), then
+wherever the solver finds room; every placement goes through the solver
 (`scaling.autoscaler.place_scale_up`), so residency, quota and latency targets hold.
 """
 
@@ -26,38 +27,38 @@ def regions_short(spread_regions: int, own_regions: Iterable[str], own: int, add
 
 def place_spread_first(deployment: Deployment, sized: Deployment, revision: Revision,
                        active: list[Replica], count: int, gpu_types: set[str],
-                       prefer: Sequence[str], *, actor: str, reason: str,
+                       tries: Sequence[set[str]], *, actor: str, reason: str,
                        ) -> tuple[list[Replica], list[str]]:
     """Up to `count` replicas of `revision`, one in each region its replicas still lack for
-    the spread rule: the `prefer` regions first, in order, then any region the solver
-    finds room in. `active` (the deployment's live replicas) grows by what is asked for.
-    Returns the replicas asked for and how each was placed."""
+    the spread rule: each in the first of `tries` (sets of regions; the solver picks the
+    cheapest within one) that has a region they lack and room, else in any region they lack
+    that the solver finds room in. `active` (the deployment's live replicas) grows by what
+    is asked for. Returns the replicas asked for and how each was placed."""
     own = [r for r in active if r.revision_id == revision.pk]
     covered = {r.region.key for r in own}
     short = regions_short(deployment.spread_regions, covered, len(own), count)
     made: list[Replica] = []
     hows: list[str] = []
-    anywhere = sorted({o.region for o in offer_options()})
-    for key in [*[k for k in prefer if k not in covered], None]:
-        if short <= 0 or len(made) >= count:
+    anywhere = {o.region for o in offer_options()}
+    while short > 0 and len(made) < count:
+        placement = None
+        for where in [*(set(t) - covered for t in tries), anywhere - covered]:
+            if where:
+                placement = place_scale_up(sized, active, 1, gpu_types=gpu_types,
+                                           regions=where)
+                if placement.slots:
+                    break
+        if placement is None or not placement.slots:
             break
-        where = {key} if key is not None else set(anywhere) - covered
-        while where and short > 0 and len(made) < count:
-            placement = place_scale_up(sized, active, 1, gpu_types=gpu_types, regions=where)
-            if not placement.slots:
-                break
-            region, offer, spot, _ = placement.slots[0]
-            new = request_replicas(deployment, region, 1, actor=actor, reason=reason,
-                                   spot=spot, offer=offer, revision=revision)
-            if not new:
-                return made, hows  # the tenant's caps: nothing more may be asked for
-            made += new
-            active.extend(new)
-            covered.add(region.key)
-            where.discard(region.key)
-            short -= 1
-            hows.append(f"{region.key} for the spread rule ({deployment.spread_regions} "
-                        f"regions): {placement.how}")
-            if key is not None:
-                break
+        region, offer, spot, _ = placement.slots[0]
+        new = request_replicas(deployment, region, 1, actor=actor, reason=reason,
+                               spot=spot, offer=offer, revision=revision)
+        if not new:
+            break  # the tenant's caps: nothing more may be asked for
+        made += new
+        active.extend(new)
+        covered.add(region.key)
+        short -= 1
+        hows.append(f"{region.key} for the spread rule ({deployment.spread_regions} "
+                    f"regions): {placement.how}")
     return made, hows
