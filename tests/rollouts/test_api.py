@@ -16,24 +16,10 @@ from controlplane.rollouts import services
 from controlplane.rollouts.models import Rollout, RolloutState
 from controlplane.routing import compiler
 from controlplane.routing.services import replica_views
-from tests.api.test_endpoints_crud import make_deployment
 
 pytestmark = pytest.mark.django_db
 
 URL = "/api/v1/rollouts/"
-
-
-@pytest.fixture
-def deployment(catalog, tenants):  # type: ignore[no-untyped-def]
-    deployment = make_deployment({**catalog, **tenants}, "chat-eu", tenant=None)
-    Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
-                           url="http://10.0.0.1:8000")
-    return deployment
-
-
-@pytest.fixture
-def operator(make_client):  # type: ignore[no-untyped-def]
-    return make_client(Role.OPERATOR)
 
 
 def start(client: Any, target: Deployment, **body: Any) -> Any:

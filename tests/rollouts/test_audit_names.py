@@ -6,20 +6,10 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.models import AuditLog, Role
-from controlplane.deployments.models import Replica, Revision
-from controlplane.deployments.models import ReplicaState as S
+from controlplane.deployments.models import Revision
 from controlplane.scaling.models import ScalingDecision
-from tests.api.test_endpoints_crud import make_deployment
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def deployment(catalog, tenants):  # type: ignore[no-untyped-def]
-    deployment = make_deployment({**catalog, **tenants}, "chat-eu", tenant=None)
-    Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
-                           url="http://10.0.0.1:8000")
-    return deployment
 
 
 def test_a_rolled_back_rollouts_audit_entries_name_its_deployment(deployment, make_client):  # type: ignore[no-untyped-def]

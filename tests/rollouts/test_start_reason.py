@@ -3,37 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from django.test import Client
 
 from controlplane.core.models import AuditLog, Role
 from controlplane.core.services import ensure_user
-from controlplane.deployments.models import Deployment, Replica
-from controlplane.deployments.models import ReplicaState as S
 from controlplane.rollouts.models import Rollout
-from tests.api.test_endpoints_crud import make_deployment
+from tests.rollouts.test_api import start
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def deployment(catalog, tenants):  # type: ignore[no-untyped-def]
-    deployment = make_deployment({**catalog, **tenants}, "chat-eu", tenant=None)
-    Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
-                           url="http://10.0.0.1:8000")
-    return deployment
-
-
-@pytest.fixture
-def operator(make_client):  # type: ignore[no-untyped-def]
-    return make_client(Role.OPERATOR)
-
-
-def start(client: Any, target: Deployment, **body: Any) -> Any:
-    return client.post("/api/v1/rollouts/", {"deployment": target.name, "bake_s": 60, **body},
-                       format="json")
 
 
 def test_the_start_reason_round_trips(deployment, operator, make_client):  # type: ignore[no-untyped-def]
