@@ -163,14 +163,13 @@ class ApiServer:
                               capture_output=True, timeout=timeout, check=False)
 
     def start(self) -> str | None:
-        """None when up, else why not."""
-        if not SKY.exists():
-            return f"no `sky` command next to {sys.executable}"
+        """None when up, else why not (the server's own words and log)."""
         self.prepare()
         try:
             done = self.sky("api", "start", timeout=120)
         except subprocess.TimeoutExpired:
-            return "`sky api start` did not finish in 120 s"
+            # A loaded machine: the command is slow, the server it started may not be.
+            return None if self.answers_late() else "`sky api start` did not finish in 120 s"
         if done.returncode != 0 and self.answers_late():
             return None
         if done.returncode != 0:
@@ -251,9 +250,13 @@ def api_server(tmp_path_factory: pytest.TempPathFactory,
     atexit.register(server.stop)
     failed_before = request.session.testsfailed
     try:
+        if not SKY.exists():
+            pytest.skip(f"no SkyPilot API server here (no `sky` command next to {sys.executable})")
+        # Where SkyPilot is installed its server must start: a failure to is a failure, never
+        # a skip that a loaded machine could turn into a silent pass.
         why_not = server.start()
         if why_not is not None:
-            pytest.skip(f"no SkyPilot API server here ({why_not})")
+            pytest.fail(f"the SkyPilot API server did not start: {why_not}")
         yield server
     finally:
         if request.session.testsfailed > failed_before:
