@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,8 +164,26 @@ class ApiServer:
                               capture_output=True, timeout=timeout, check=False)
 
     def start(self) -> str | None:
-        """None when up, else why not (the server's own words and log)."""
+        """None when up, else why not (the server's own words and log, each try's). A
+        server that exits while starting is started again, on another port, up to three
+        times: another process may take the port between `_free_port()` and the server's
+        bind (the suite runs on several workers). Each failed try is a warning in the run's
+        summary, so a pass after a retry still shows why the first failed."""
         self.prepare()
+        tries = []
+        for _ in range(3):
+            why_not = self._start_once()
+            if why_not is None:
+                return None
+            tries.append(why_not)
+            warnings.warn(f"the SkyPilot API server did not start on port {self.port}, "
+                          f"started again: {why_not}", stacklevel=1)
+            _wait_gone(_processes_of(self.home), 30.0)
+            self.port = _free_port()
+            self.env["SKYPILOT_API_SERVER_LOCAL_PORT"] = str(self.port)
+        return "\n---\n".join(tries)
+
+    def _start_once(self) -> str | None:
         try:
             done = self.sky("api", "start", timeout=120)
         except subprocess.TimeoutExpired:
