@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from controlplane.deployments.lifecycle import transition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
+from controlplane.failover import services
 from controlplane.provisioning.local import free_port
 from tests.local_http import LocalServer, QuietHandler
 from tests.provisioning.conftest import (  # noqa: F401 (the local provider's fixtures)
@@ -87,6 +89,20 @@ def ready_replica(catalog: dict[str, Any]) -> Callable[..., Replica]:
                                       url=url, state=S.READY, provider="skypilot",
                                       ready_at=timezone.now())
     return make
+
+
+def fail_one_and_ready_its_replacement(deployment: Deployment, region: Any,
+                                       ready_replica: Callable[..., Replica],
+                                       engines: Callable[[], Engine]) -> Replica:
+    """One replica serving and one whose engine is gone; the watch loop fails the second and
+    places a replacement, taken here through its launch to ready (on a serving engine)."""
+    ready_replica(deployment, region, engines().url)
+    ready_replica(deployment, region, dead_url())
+    services.watch()
+    (new,) = Replica.objects.filter(state=S.PENDING)
+    for state in (S.PROVISIONING, S.STARTING):
+        transition(new, state, actor="test", reason="launching")
+    return transition(new, S.READY, actor="test", reason="ready", url=engines().url)
 
 
 @pytest.fixture(autouse=True)

@@ -7,14 +7,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from controlplane.deployments.lifecycle import transition
 from controlplane.deployments.models import Replica
-from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover import services
 from controlplane.failover.models import Incident
 from controlplane.failover.notes import failures, scrub
 
-from .conftest import dead_url
+from .conftest import dead_url, fail_one_and_ready_its_replacement
 
 REFUSED = ("/health failed: ClientConnectorError: Cannot connect to host 127.0.0.1:{port} "
            "ssl:default [Connect call failed ('127.0.0.1', {port})]")
@@ -53,13 +51,7 @@ def test_a_detection_note_names_each_failed_replica_and_no_port(  # type: ignore
 @pytest.mark.django_db
 def test_a_stage_note_is_the_stages_stored_time_and_figure(  # type: ignore[no-untyped-def]
         catalog, deployment, ready_replica, engines, sent_tasks):
-    ready_replica(deployment, catalog["fra"], engines().url)
-    ready_replica(deployment, catalog["fra"], dead_url())
-    services.watch()
-    (new,) = Replica.objects.filter(state=S.PENDING)
-    for state in (S.PROVISIONING, S.STARTING):
-        transition(new, state, actor="test", reason="launching")
-    new = transition(new, S.READY, actor="test", reason="ready", url=engines().url)
+    new = fail_one_and_ready_its_replacement(deployment, catalog["fra"], ready_replica, engines)
     # The replacement was ready a while before the watch loop noticed.
     assert new.ready_at is not None
     Replica.objects.filter(pk=new.pk).update(ready_at=new.ready_at - timedelta(seconds=0.853))

@@ -19,7 +19,7 @@ from controlplane.failover.models import Health, Incident, IncidentKind, RegionH
 from controlplane.telemetry.models import ReplicaSample
 from regions.models import GpuType, Offer, Quota
 
-from .conftest import dead_url
+from .conftest import dead_url, fail_one_and_ready_its_replacement
 
 pytestmark = pytest.mark.django_db
 
@@ -116,13 +116,7 @@ def test_when_no_replacement_fits_the_failed_replica_waits_and_the_reason_is_rec
 
 def test_the_timeline_fills_in_until_traffic_is_back(catalog, deployment, ready_replica, engines,  # type: ignore[no-untyped-def]
                                                     sent_tasks):
-    ready_replica(deployment, catalog["fra"], engines().url)
-    ready_replica(deployment, catalog["fra"], dead_url())
-    services.watch()
-    (new,) = Replica.objects.filter(state=S.PENDING)
-    for state in (S.PROVISIONING, S.STARTING):
-        transition(new, state, actor="test", reason="launching")
-    new = transition(new, S.READY, actor="test", reason="ready", url=engines().url)
+    new = fail_one_and_ready_its_replacement(deployment, catalog["fra"], ready_replica, engines)
     services.watch()
     incident = Incident.objects.get()
     assert incident.replacement_ready_at == new.ready_at and incident.traffic_back_at is None
