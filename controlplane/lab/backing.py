@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from controlplane.lab.waiting import wait_until
 
@@ -71,13 +72,11 @@ def lab_redis_db(port: int) -> int:
 
 def worker_redis_url(base: str, worker: str) -> str:
     """`base` with the database of pytest-xdist worker `worker` ("gw0", "gw1", ...)."""
-    index = int(worker.removeprefix("gw") or 0) if worker.removeprefix("gw").isdigit() else 0
-    db = WORKER_REDIS_DBS[index % len(WORKER_REDIS_DBS)]
-    if base.startswith(("redis+socket://", "unix://")):
-        path = base.split("?", 1)[0]
-        return f"{path}?db={db}"
-    scheme_host = base.rsplit("/", 1)[0] if base.count("/") >= 3 else base.rstrip("/")
-    return f"{scheme_host}/{db}"
+    number = worker.removeprefix("gw")
+    db = WORKER_REDIS_DBS[(int(number) if number.isdigit() else 0) % len(WORKER_REDIS_DBS)]
+    if base.startswith(("redis+socket://", "unix://")):  # there the database is a query
+        return f"{base.split('?', 1)[0]}?db={db}"
+    return urlunsplit(urlsplit(base)._replace(path=f"/{db}"))
 
 
 def _unix_socket_answers(path: Path) -> bool:
