@@ -34,6 +34,8 @@ state_changed = Signal()
 
 LIVE_STATES = frozenset(state for state in TRANSITIONS if state not in (S.TERMINATED, S.FAILED))
 SERVING_STATES = frozenset({S.READY, S.DEGRADED})
+# Live and not on the way out: what a deployment will still have once its drains finish.
+STAYING_STATES = LIVE_STATES - {S.DRAINING}
 
 
 class IllegalTransition(Exception):

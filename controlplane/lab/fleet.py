@@ -15,9 +15,9 @@ from django.db import close_old_connections, transaction
 
 from controlplane.core import certificates
 from controlplane.core.models import Tenant
-from controlplane.deployments.lifecycle import LIVE_STATES
+from controlplane.deployments.lifecycle import LIVE_STATES, STAYING_STATES
 from controlplane.deployments.models import Deployment, Model, Replica
-from controlplane.lab.layout import KEPT_STATES, Layout, last_layout, record_layout, running_layout
+from controlplane.lab.layout import Layout, last_layout, record_layout, running_layout
 from controlplane.lab.regions import LAB_REGIONS, ensure_lab_regions
 from controlplane.provisioning import services
 from controlplane.provisioning.tasks import request_replicas
@@ -168,7 +168,7 @@ def _top_up(deployment: Deployment, regions: list[Region], counts: dict[str, int
     made: list[Replica] = []
     for region in regions:
         wanted = counts.get(region.key, 0)
-        live = deployment.replicas.filter(region=region, state__in=KEPT_STATES).count()
+        live = deployment.replicas.filter(region=region, state__in=STAYING_STATES).count()
         if live < wanted:
             made += request_replicas(deployment, region, wanted - live, actor=actor,
                                      reason=reason)

@@ -17,12 +17,10 @@ from typing import Any
 
 from controlplane.core.models import AuditLog
 from controlplane.core.services import record_audit
-from controlplane.deployments.lifecycle import LIVE_STATES
+from controlplane.deployments.lifecycle import STAYING_STATES
 from controlplane.deployments.models import Replica
-from controlplane.deployments.models import ReplicaState as S
 
 LAYOUT_ACTION = "lab.layout"
-KEPT_STATES = frozenset(LIVE_STATES - {S.DRAINING})
 
 # deployment name -> region key (`local:eu-frankfurt`) -> replicas
 Layout = dict[str, dict[str, int]]
@@ -31,7 +29,7 @@ Layout = dict[str, dict[str, int]]
 def running_layout() -> Layout:
     """The layout of the local replicas in the database now (deployments with none absent)."""
     counts = Counter(
-        Replica.objects.filter(region__cloud__name="local", state__in=KEPT_STATES)
+        Replica.objects.filter(region__cloud__name="local", state__in=STAYING_STATES)
         .values_list("deployment__name", "region__cloud__name", "region__code"))
     layout: Layout = {}
     for (deployment, cloud, code), n in sorted(counts.items()):

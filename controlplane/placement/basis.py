@@ -20,9 +20,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from controlplane.deployments.lifecycle import LIVE_STATES
+from controlplane.deployments.lifecycle import STAYING_STATES
 from controlplane.deployments.models import Deployment, Replica
-from controlplane.deployments.models import ReplicaState as S
 from controlplane.placement.models import Plan
 
 # What of a replica the solver reads; its state is kept for the reader alone.
@@ -32,7 +31,7 @@ PLANNED_FIELDS = ("region", "offer", "spot")
 def counted(deployment_ids: Iterable[int]) -> Any:
     """The replicas a plan counts as running: live, and not leaving already."""
     return Replica.objects.filter(deployment_id__in=list(deployment_ids),
-                                  state__in=LIVE_STATES).exclude(state=S.DRAINING)
+                                  state__in=STAYING_STATES)
 
 
 def _rules(d: Deployment) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
-from controlplane.deployments.models import Deployment, Replica, ReplicaState
+from controlplane.deployments.lifecycle import SERVING_STATES, STAYING_STATES
+from controlplane.deployments.models import Deployment, Replica
 from controlplane.placement.problem import NETWORK_SHARE_OF_TTFT
 from regions.geo import great_circle_km, rtt_ms
 
@@ -106,7 +106,7 @@ def replicas_by_deployment(deployment_ids: Iterable[int], *, serving: bool = Tru
     becoming: the replan's view, launches included)."""
     rows = Replica.objects.filter(deployment_id__in=list(deployment_ids))
     rows = (rows.filter(state__in=SERVING_STATES) if serving
-            else rows.filter(state__in=LIVE_STATES).exclude(state=ReplicaState.DRAINING))
+            else rows.filter(state__in=STAYING_STATES))
     out: dict[int, list[Placed]] = defaultdict(list)
     for r in rows.select_related("region__cloud", "region__jurisdiction").order_by("id"):
         out[r.deployment_id].append(placed(r))
