@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -218,6 +220,16 @@ class ReplicaState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
+class ReplicaQuerySet(TenantQuerySet["Replica"]):
+    def staying(self) -> Self:
+        """Replicas that are live and not draining: what a deployment will still have once
+        its drains finish (lifecycle.STAYING_STATES)."""
+        # lifecycle imports Replica from this module, so its states are read when called.
+        from controlplane.deployments.lifecycle import STAYING_STATES
+
+        return self.filter(state__in=STAYING_STATES)
+
+
 class Replica(models.Model):
     """One running copy of a deployment: one SkyPilot cluster or one local engine process."""
 
@@ -247,7 +259,7 @@ class Replica(models.Model):
     replacement_requested_at = models.DateTimeField(null=True, blank=True)
 
     tenancy = Tenancy("deployment__tenant", shared=True)
-    objects = TenantQuerySet.as_manager()
+    objects = ReplicaQuerySet.as_manager()
 
     class Meta:
         ordering = ["deployment__name", "id"]
