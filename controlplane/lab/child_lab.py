@@ -90,6 +90,45 @@ def free_edge_base() -> int:
     raise RuntimeError("no free edge ports")
 
 
+class _LabOutput:
+    """A starting lab's output, read on a thread of their own: a lab that exits while a
+    process it started still holds the pipe (no end of file) must not block this one for
+    ever, and the lab never blocks on a full pipe."""
+
+    def __init__(self, process: subprocess.Popen[str], var_dir: Path,
+                 on_line: Callable[[str], None] | None) -> None:
+        self.process = process
+        self.var_dir = var_dir
+        self.on_line = on_line
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.started = threading.Event()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        for text in self.process.stdout:
+            if not self.started.is_set():
+                self.lines.put(text)
+            elif self.on_line is not None:
+                self.on_line(text)
+
+    def token_line(self) -> str:
+        """The API token once the lab printed it, else "" (raises if the lab exited)."""
+        try:
+            line = self.lines.get(timeout=0.5)
+        except queue.Empty:
+            line = ""
+        if not line and self.process.poll() is not None:
+            raise RuntimeError(f"the lab exited while starting (its logs: {self.var_dir}/lab/logs)")
+        return line.split()[-1] if "API token" in line else ""
+
+    def pass_on(self) -> None:
+        """From now on each line goes to `on_line`, starting with those read so far."""
+        self.started.set()
+        while not self.lines.empty() and self.on_line is not None:
+            self.on_line(self.lines.get())
+
+
 def start_lab(var_dir: Path, engine: str = "enginesim", *, replicas_per_region: int = 1,
               extra: Sequence[str] = (), name_prefix: str = "meridian_bench_lab",
               env: Mapping[str, str] | None = None, start_timeout_s: float = 240,
@@ -118,39 +157,14 @@ def start_lab(var_dir: Path, engine: str = "enginesim", *, replicas_per_region: 
              for region, (client, admin) in EDGE_OFFSETS.items()}
     lab = Lab(process.pid, f"http://127.0.0.1:{web}", "", "", edges, name, database_url,
               var_dir, process)
-    # Lines are read on a thread of their own: a lab that exits while a process it started
-    # still holds the pipe (no end of file) must not block this one for ever.
-    lines: queue.Queue[str] = queue.Queue()
-    started = threading.Event()
-
-    def drain() -> None:  # never let the lab block on a full pipe
-        assert process.stdout is not None
-        for text in process.stdout:
-            if not started.is_set():
-                lines.put(text)
-            elif on_line is not None:
-                on_line(text)
-
-    threading.Thread(target=drain, daemon=True).start()
-
-    def token_line() -> str:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            line = ""
-        if not line and process.poll() is not None:
-            raise RuntimeError(f"the lab exited while starting (its logs: {var_dir}/lab/logs)")
-        return line.split()[-1] if "API token" in line else ""
-
+    output = _LabOutput(process, var_dir, on_line)
     try:
-        lab.token = wait_until(token_line, start_timeout_s, "the lab to print its API token",
-                               every_s=0.0)
+        lab.token = wait_until(output.token_line, start_timeout_s,
+                               "the lab to print its API token", every_s=0.0)
     except BaseException:
         stop_lab(lab)  # nothing of a lab that did not start is left: processes, database
         raise
-    started.set()
-    while not lines.empty() and on_line is not None:
-        on_line(lines.get())
+    output.pass_on()
     lab.demo_key = (var_dir / "lab" / "demo-api-key").read_text().strip()
     return lab
 

@@ -102,12 +102,41 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int | None, actor: s
     run's replicas were stopped at start), seeds it afresh, and disables the lab regions it
     does not use.
     """
+    regions = _enable_lab_regions(fleet)
+    per_region = 1 if replicas_per_region is None else replicas_per_region
+    deployment, fresh = _demo_deployment(fleet, regions, per_region * len(regions))
+    layout = last_layout()
+    restored: Layout = {}
+    if fresh or replicas_per_region is not None or not layout:
+        requested = _top_up(deployment, regions, {r.key: per_region for r in regions}, actor,
+                            "lab start")
+    else:
+        restored[DEMO_DEPLOYMENT] = layout.get(DEMO_DEPLOYMENT, {})
+        requested = _top_up(deployment, regions, restored[DEMO_DEPLOYMENT], actor,
+                            "lab start: the layout that was running")
+    for other in Deployment.objects.filter(name__in=set(layout) - {DEMO_DEPLOYMENT}):
+        requested += _top_up(other, regions, layout[other.name], actor,
+                             "lab start: the layout that was running")
+        restored[other.name] = layout[other.name]
+    _register_edges(edges)
+    demo = Tenant.objects.get(name="demo")
+    demo.allowed_jurisdictions.add(*{r.jurisdiction for r in regions})
+    return FleetStart(deployment, requested, restored)
+
+
+def _enable_lab_regions(fleet: LabFleet) -> list[Region]:
+    """The first `fleet.regions` lab regions, enabled; the other local regions disabled."""
     regions = ensure_lab_regions(LAB_REGIONS[:fleet.regions])
     Region.objects.filter(cloud__name="local").exclude(pk__in=[r.pk for r in regions]).update(
         enabled=False)
     Region.objects.filter(pk__in=[r.pk for r in regions]).update(enabled=True)
-    per_region = 1 if replicas_per_region is None else replicas_per_region
-    count = per_region * len(regions)
+    return regions
+
+
+def _demo_deployment(fleet: LabFleet, regions: list[Region],
+                     count: int) -> tuple[Deployment, bool]:
+    """The demo deployment, created or turned over to `fleet`'s engine, and whether it is
+    fresh (created or switched: it is seeded rather than given its layout back)."""
     settings = {
         "served_model_name": fleet.served_model_name,
         "model": Model.objects.get(name=fleet.model),
@@ -135,19 +164,11 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int | None, actor: s
         *Jurisdiction.objects.filter(code__in={r.jurisdiction.code for r in regions}))
     if created or switched or set(deployment.user_regions.all()) != set(regions):
         deployment.user_regions.set(regions)
-    layout = last_layout()
-    restored: Layout = {}
-    if created or switched or replicas_per_region is not None or not layout:
-        requested = _top_up(deployment, regions, {r.key: per_region for r in regions}, actor,
-                            "lab start")
-    else:
-        restored[DEMO_DEPLOYMENT] = layout.get(DEMO_DEPLOYMENT, {})
-        requested = _top_up(deployment, regions, restored[DEMO_DEPLOYMENT], actor,
-                            "lab start: the layout that was running")
-    for other in Deployment.objects.filter(name__in=set(layout) - {DEMO_DEPLOYMENT}):
-        requested += _top_up(other, regions, layout[other.name], actor,
-                             "lab start: the layout that was running")
-        restored[other.name] = layout[other.name]
+    return deployment, created or switched
+
+
+def _register_edges(edges: list[LabEdge]) -> None:
+    """The edge registry's rows for the lab's edges, enabled."""
     for edge in edges:
         cloud, code = edge.region.split(":")
         Edge.objects.update_or_create(
@@ -155,9 +176,6 @@ def ensure_fleet(edges: list[LabEdge], replicas_per_region: int | None, actor: s
             defaults={"region": Region.objects.get(cloud__name=cloud, code=code),
                       "admin_url": edge.admin_url, "public_url": edge.url, "enabled": True},
         )
-    demo = Tenant.objects.get(name="demo")
-    demo.allowed_jurisdictions.add(*{r.jurisdiction for r in regions})
-    return FleetStart(deployment, requested, restored)
 
 
 def _top_up(deployment: Deployment, regions: list[Region], counts: dict[str, int], actor: str,
