@@ -23,6 +23,8 @@ class Schedule:
 SCHEDULES: tuple[Schedule, ...] = (
     Schedule("beat tick", "core.beat_tick", 10),
     Schedule("renew certificates", "core.renew_certificates", 600),
+    Schedule("deliver certificates", "provisioning.deliver_certificates", 120,
+             queue="provision"),
     Schedule("reconcile replicas", "provisioning.reconcile_replicas", 5, queue="provision"),
     Schedule("routing drift check", "routing.check_drift", 10),
     Schedule("telemetry collect", "telemetry.collect", 2),

@@ -103,6 +103,9 @@ class Capabilities:
     # How often a launching replica is worth polling: a local process is up in a second, a
     # cloud cluster in minutes, and every SkyPilot poll costs several API-server requests.
     poll_interval_s: float = 1.0
+    # The node keeps its own copy of the replica's certificate, so a renewed one must be
+    # sent to it (provisioning.certificate_delivery); a local engine reads the original.
+    delivers_certificates: bool = False
 
 
 class ProviderError(Exception):

@@ -213,10 +213,20 @@ def launch(replica_id: int) -> Replica | None:
         transition(replica, S.FAILED, actor=SYSTEM, reason=f"launch crashed: {exc}",
                    last_error=str(exc))
         raise
-    Replica.objects.filter(pk=replica.pk).update(provider_handle=handle_json(handle))
+    stored = handle_json(handle)
+    if spec.tls_dir and provider.capabilities.delivers_certificates:
+        stored["tls"] = launched_certificate(spec.replica_id)
+    Replica.objects.filter(pk=replica.pk).update(provider_handle=stored)
     recorder.note(f"launched as {handle.id}")
     recorder.finish(True)
     return Replica.objects.get(pk=replica.pk)
+
+
+def launched_certificate(replica_id: str) -> dict[str, Any]:
+    """The certificate a launch's secrets carried to the node (certificate_delivery sends
+    the renewed ones): its serial, with no delivery job to follow."""
+    row = certificates.current(f"replica:{replica_id}")
+    return {"serial": row.serial if row is not None else "", "job": None}
 
 
 def _launch_ended(replica: Replica, state: str, message: str, error_kind: str) -> None:

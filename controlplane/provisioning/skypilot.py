@@ -3,7 +3,8 @@
 This module holds the mapping from SkyPilot exceptions to `ProviderError` kinds
 (`error_from_skypilot`) and the provider, which launches the task that `skypilot_task.py`
 renders and validates and drives SkyPilot's request-ID SDK (`launch`, `api_status`, `get`,
-`status`, `endpoints`, `down`) with a time limit on every call. `sky` is imported lazily, and the SDK is one injectable
+`status`, `endpoints`, `down`, and `exec` for renewed certificates:
+`skypilot_certificates.py`) with a time limit on every call. `sky` is imported lazily, and the SDK is one injectable
 object, so nothing here needs a cloud account or an API server until a call is made.
 """
 
@@ -14,9 +15,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any, TypeVar
 
+from controlplane.provisioning import skypilot_certificates as certificates
 from controlplane.provisioning.base import (
     Capabilities,
     OfferObservation,
@@ -29,7 +30,6 @@ from controlplane.provisioning.skypilot_task import (
     CLUSTER_PREFIX,
     ENGINE_KEY_SECRET,
     OPTIONAL_SECRETS,
-    TLS_SECRETS,
     class_names,
     cluster_name_for,
     first_line,
@@ -138,7 +138,7 @@ class SkyPilotProvider:
     # advertised for the every-few-seconds reconcile loop; call it at start-up instead.
     capabilities = Capabilities(spot=True, multi_node=True, network_emulation=False,
                                 offers_catalog=True, adopts_after_restart=False,
-                                poll_interval_s=15.0)
+                                poll_interval_s=15.0, delivers_certificates=True)
 
     def __init__(self, sdk: Any = None, timeout_s: float = 60.0,
                  clouds: dict[str, str] | None = None, gpus: Iterable[str] | None = None,
@@ -233,16 +233,23 @@ class SkyPilotProvider:
         if not key:
             raise ProviderError("credentials", f"environment variable {spec.api_key_env} (the "
                                                "engine API key) is not set on the control plane")
-        secrets = [(ENGINE_KEY_SECRET, key)]
-        if spec.tls_dir:
-            directory = Path(spec.tls_dir)
-            try:
-                secrets += [(name, (directory / file).read_text()) for name, file in
-                            zip(TLS_SECRETS, ("cert.pem", "key.pem", "ca.pem"), strict=True)]
-            except OSError as exc:
-                raise ProviderError("credentials", f"the replica's TLS files in {directory} "
-                                                   f"cannot be read: {exc}") from exc
-        return secrets + [(name, self.environ.get(name, "")) for name in OPTIONAL_SECRETS]
+        tls = certificates.tls_secrets(spec.tls_dir) if spec.tls_dir else []
+        return [(ENGINE_KEY_SECRET, key), *tls,
+                *((name, self.environ.get(name, "")) for name in OPTIONAL_SECRETS)]
+
+    def deliver_certificate(self, handle: ProviderHandle, tls_dir: str) -> str:
+        """Submit the job that writes the renewed files in `tls_dir` onto the replica's node;
+        returns its job id (`certificate_job_state` follows it)."""
+        cluster = handle.data.get("cluster", "")
+        task = task_from_yaml(certificates.refresh_task_yaml(handle.id), self.sdk,
+                              certificates.tls_secrets(tls_dir))
+        return certificates.submitted_job_id(self._request(
+            f"deliver certificate to {cluster}", lambda: self.sdk.exec(task, cluster_name=cluster)))
+
+    def certificate_job_state(self, handle: ProviderHandle, job_id: str) -> str:
+        cluster = handle.data.get("cluster", "")
+        return certificates.job_state(self._request(
+            f"job status on {cluster}", lambda: self.sdk.job_status(cluster, [int(job_id)])), job_id)
 
     def launch(self, spec: ReplicaSpec) -> ProviderHandle:
         """Submit `sky.launch` and return at once with its request id; poll() follows it."""

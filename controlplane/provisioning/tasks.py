@@ -14,7 +14,7 @@ from controlplane.core.services import record_audit
 from controlplane.deployments import caps
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.provisioning import services
+from controlplane.provisioning import certificate_delivery, services
 from controlplane.provisioning.base import ProviderError
 from regions.models import Offer, Region
 from regions.services import refresh_offers
@@ -86,6 +86,15 @@ def reap_cloud_clusters() -> dict[str, list[str]]:
         if not acquired:
             return {"adopted": [], "reaped": [], "skipped": ["another worker is reaping"]}
         return services.reap_cloud_clusters()
+
+
+@shared_task(name="provisioning.deliver_certificates")
+def deliver_certificates() -> dict[str, list[str]]:
+    """Send renewed certificates to the nodes that keep copies (certificate_delivery)."""
+    with advisory_lock("provisioning.deliver_certificates") as acquired:
+        if not acquired:
+            return {"skipped": ["another worker is delivering"]}
+        return certificate_delivery.deliver_renewed()
 
 
 @shared_task(name="regions.refresh_offers")

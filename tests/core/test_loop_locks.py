@@ -32,6 +32,8 @@ LOCKED: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "batches.sweep": ("batches.sweep", lambda r: r == {"skipped": 1}),
     "rollouts.check": ("rollouts.check", lambda r: r == {"skipped": 1}),
     "core.renew_certificates": ("core.renew_certificates", lambda r: r == {"skipped": 1}),
+    "provisioning.deliver_certificates": ("provisioning.deliver_certificates",
+                                          lambda r: "skipped" in r),
 }
 # Idempotent by nature: a tick is a timestamp; prices are an upsert of the same rows.
 UNLOCKED = {"core.beat_tick", "regions.refresh_offers"}
