@@ -3,23 +3,15 @@
 The rules are the API's (controlplane/api/permissions.py): every role reads, writes need the
 view's role, and tenant users never change shared rows. Which rows anyone sees is the one
 tenancy rule, `Model.objects.visible_to(principal)` (controlplane/core/tenancy.py): another
-tenant's row is a 404.
+tenant's row is a 404. The rules answer with reasons; `frontend/views/common.py` turns them
+into pages (`dashboard_view`, `forbidden`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
+from django.http import HttpRequest
 
-from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
-from django.shortcuts import render
-
-from controlplane.core.models import Role
 from controlplane.core.services import Principal, principal_for
-
-View = Callable[..., HttpResponse]
 
 
 def principal_of(request: HttpRequest) -> Principal:
@@ -28,13 +20,6 @@ def principal_of(request: HttpRequest) -> Principal:
         principal = principal_for(request.user)
         request.meridian_principal = principal  # type: ignore[attr-defined]
     return principal
-
-
-def forbidden(request: HttpRequest, message: str) -> HttpResponse:
-    from frontend.views.common import page_context
-
-    return render(request, "frontend/forbidden.html",
-                  page_context(request, {"message": message}), status=403)
 
 
 def refusal(principal: Principal, needed: str) -> str | None:
@@ -52,30 +37,18 @@ PLATFORM_ONLY = ("Only platform staff (users with no tenant) may see this: it na
                  "tenant's deployments.")
 
 
-def dashboard_view(
-    role: str = Role.VIEWER, methods: tuple[str, ...] = ("GET",), platform_only: bool = False,
-) -> Callable[[View], View]:
-    """Signed-in users with at least `role` only (platform staff alone with
-    `platform_only`); other methods are refused with 405."""
+def page_refusal(principal: Principal, role: str, platform_only: bool) -> str | None:
+    """Why `principal` may not open a page that needs `role` (and platform staff with
+    `platform_only`), or None when it may."""
+    reason = refusal(principal, role)
+    if reason is None and platform_only and not principal.is_platform:
+        reason = PLATFORM_ONLY
+    return reason
 
-    def decorate(view: View) -> View:
-        @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path())
-            if request.method not in methods:
-                return HttpResponseNotAllowed(methods)
-            principal = principal_of(request)
-            reason = refusal(principal, role)
-            if reason is None and platform_only and not principal.is_platform:
-                reason = PLATFORM_ONLY
-            if reason:
-                return forbidden(request, reason)
-            return view(request, *args, **kwargs)
 
-        return wrapped
-
-    return decorate
+def may_see_page(principal: Principal, name: str) -> bool:
+    """Whether the navigation shows the page `name` to `principal`."""
+    return principal.is_platform or name not in PLATFORM_PAGES
 
 
 def change_refusal(principal: Principal, owner_tenant_id: int | None) -> str | None:

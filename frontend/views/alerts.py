@@ -11,8 +11,8 @@ from django.shortcuts import get_object_or_404, redirect
 from controlplane.alerts import services
 from controlplane.alerts.models import Alert, AlertState, Rule, Severity
 from controlplane.core.models import Role
-from frontend.access import dashboard_view, principal_of
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.access import principal_of
+from frontend.views.common import dashboard_view, paginate, query_without_page, render_page
 
 OPEN_LIMIT = 200
 

@@ -16,9 +16,15 @@ from controlplane.batches import audit, progress, services
 from controlplane.batches.models import FINISHED, Batch, BatchStatus
 from controlplane.core.models import AuditLog, Role
 from frontend import charts, fleet
-from frontend.access import change_refusal, dashboard_view, forbidden, principal_of
+from frontend.access import change_refusal, principal_of
 from frontend.forms import ReasonForm
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import (
+    dashboard_view,
+    forbidden,
+    paginate,
+    query_without_page,
+    render_page,
+)
 
 EVENT_LIMIT = 25
 ERRORS_PER_PAGE = 50

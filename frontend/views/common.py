@@ -1,15 +1,21 @@
-"""What every page shares: the navigation, the viewer's role in the context, pagination."""
+"""What every page shares: the gate each view passes (`dashboard_view`), the 403 page, the
+navigation, the viewer's role in the context, pagination."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
+from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Page, Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import render
 
 from controlplane.core.models import Role
-from frontend.access import PLATFORM_PAGES, principal_of
+from frontend.access import may_see_page, page_refusal, principal_of
+
+View = Callable[..., HttpResponse]
 
 # (url name, label, what the page answers): one <nav> links every page from here.
 NAV: tuple[tuple[str, str, str], ...] = (
@@ -39,7 +45,7 @@ def page_context(request: HttpRequest, context: dict[str, Any] | None = None) ->
         "can_admin": principal.has_role(Role.ADMIN),
         "nav": [{"name": name, "label": label, "hint": hint, "current": name == section}
                 for name, label, hint in NAV
-                if principal.is_platform or name not in PLATFORM_PAGES],
+                if may_see_page(principal, name)],
         **(context or {}),
     }
 
@@ -50,6 +56,34 @@ def render_page(request: HttpRequest, template: str, context: dict[str, Any] | N
     if section:
         request.nav_section = section  # type: ignore[attr-defined]
     return render(request, template, page_context(request, context), status=status)
+
+
+def forbidden(request: HttpRequest, message: str) -> HttpResponse:
+    return render(request, "frontend/forbidden.html",
+                  page_context(request, {"message": message}), status=403)
+
+
+def dashboard_view(
+    role: str = Role.VIEWER, methods: tuple[str, ...] = ("GET",), platform_only: bool = False,
+) -> Callable[[View], View]:
+    """Signed-in users with at least `role` only (platform staff alone with
+    `platform_only`); other methods are refused with 405."""
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            if request.method not in methods:
+                return HttpResponseNotAllowed(methods)
+            reason = page_refusal(principal_of(request), role, platform_only)
+            if reason:
+                return forbidden(request, reason)
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
 
 
 def paginate(request: HttpRequest, queryset: Any, per_page: int = PAGE_SIZE) -> Page:

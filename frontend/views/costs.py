@@ -20,8 +20,8 @@ from controlplane.core.models import Tenant
 from controlplane.costs import services
 from controlplane.costs.models import CostRollup, RollupHour
 from frontend import charts
-from frontend.access import dashboard_view, principal_of
-from frontend.views.common import render_page
+from frontend.access import principal_of
+from frontend.views.common import dashboard_view, render_page
 
 # period → (label, how far back, chart bucket); "month" is the UTC calendar month so far.
 PERIODS: dict[str, tuple[str, timedelta | None, str]] = {

@@ -26,9 +26,15 @@ from controlplane.scaling.services import (
     scale_in_region,
 )
 from frontend import charts, fleet, traffic
-from frontend.access import change_refusal, dashboard_view, forbidden, principal_of
+from frontend.access import change_refusal, principal_of
 from frontend.forms import ReasonForm, ScaleForm
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import (
+    dashboard_view,
+    forbidden,
+    paginate,
+    query_without_page,
+    render_page,
+)
 from regions.models import Offer, Region
 
 EVENT_LIMIT = 25

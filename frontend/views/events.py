@@ -11,9 +11,9 @@ from django.utils import timezone
 
 from controlplane.core.models import AuditLog
 from frontend import charts
-from frontend.access import dashboard_view, principal_of
+from frontend.access import principal_of
 from frontend.forms import EventFilter
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import dashboard_view, paginate, query_without_page, render_page
 
 CHART_HOURS = 48
 

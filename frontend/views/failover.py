@@ -15,8 +15,8 @@ from controlplane.failover.health import DOWN_HOLD_S
 from controlplane.failover.models import Health, Incident, RegionHealth
 from controlplane.failover.timeline import MEANINGS, missing
 from frontend import charts, fleet
-from frontend.access import dashboard_view, forbidden, principal_of
-from frontend.views.common import paginate, render_page
+from frontend.access import principal_of
+from frontend.views.common import dashboard_view, forbidden, paginate, render_page
 
 CHARTED = 12
 HEALTH_ORDER = {"down": 0, "degraded": 1, "idle": 2, "healthy": 3}

@@ -20,10 +20,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from controlplane.deployments.lifecycle import LIVE_STATES
-from frontend.access import dashboard_view, principal_of
+from frontend.access import principal_of
 from frontend.fleet import visible_replicas
 from frontend.forms import InventoryFilter
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import dashboard_view, paginate, query_without_page, render_page
 from regions.models import Cloud, GpuType, Jurisdiction, Offer, Quota, Region
 
 OFFER_SORTS = {

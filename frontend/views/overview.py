@@ -6,8 +6,8 @@ from django.http import HttpRequest, HttpResponse
 
 from controlplane.alerts.services import open_counts
 from frontend import charts, fleet, traffic
-from frontend.access import dashboard_view, principal_of
-from frontend.views.common import render_page
+from frontend.access import principal_of
+from frontend.views.common import dashboard_view, render_page
 
 ATTENTION_LIMIT = 10
 

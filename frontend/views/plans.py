@@ -20,9 +20,15 @@ from controlplane.placement.models import OPEN_STATUSES, Plan, PlanChange, PlanS
 from controlplane.placement.proposals import propose_plan
 from controlplane.plans import apply as plans
 from controlplane.plans.freshness import moved
-from frontend.access import dashboard_view, forbidden, principal_of
+from frontend.access import principal_of
 from frontend.forms import ReasonForm
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import (
+    dashboard_view,
+    forbidden,
+    paginate,
+    query_without_page,
+    render_page,
+)
 
 PLATFORM_ONLY = "Only platform staff (users with no tenant) may change this."
 

@@ -21,8 +21,8 @@ from controlplane.deployments.services import tensor_parallel_error
 from controlplane.rollouts import services
 from controlplane.rollouts.models import IN_PROGRESS, Rollout, RolloutState, Strategy
 from frontend import charts
-from frontend.access import dashboard_view, forbidden, principal_of
-from frontend.views.common import paginate, render_page
+from frontend.access import principal_of
+from frontend.views.common import dashboard_view, forbidden, paginate, render_page
 from regions.models import GpuType
 
 S = RolloutState

@@ -9,10 +9,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 
 from controlplane.routing.models import Edge, RoutingPolicy, RoutingTable
-from frontend.access import dashboard_view, forbidden, principal_of
+from frontend.access import principal_of
 from frontend.fleet import edge_routes, edges_with_versions
 from frontend.tablediff import diff_tables
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import (
+    dashboard_view,
+    forbidden,
+    paginate,
+    query_without_page,
+    render_page,
+)
 
 VERSION_CHOICES = 100
 

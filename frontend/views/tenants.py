@@ -16,9 +16,15 @@ from django.shortcuts import get_object_or_404, redirect
 
 from controlplane.core.models import ApiKey, Membership, Role, Tenant
 from controlplane.core.services import Principal, issue_api_key, record_audit, set_key_revoked
-from frontend.access import change_refusal, dashboard_view, forbidden, principal_of
+from frontend.access import change_refusal, principal_of
 from frontend.forms import ApiKeyForm, ReasonForm
-from frontend.views.common import paginate, query_without_page, render_page
+from frontend.views.common import (
+    dashboard_view,
+    forbidden,
+    paginate,
+    query_without_page,
+    render_page,
+)
 from regions.models import Region
 
 
