@@ -1,6 +1,6 @@
 """REST API for operators' view of batches (`/api/v1/batches/`): list and read every batch
 the caller may see, with progress and cost, and cancel one (operators). The OpenAI-shaped
-`/v1/batches` (tenants' keys) is `batch_views.py`; both act through `batches.services`."""
+`/v1/batches` (tenants' keys) is `batch_views.py`; both act through `batches.intake`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from rest_framework.response import Response
 
 from controlplane.api.base import TenantScopedViewSet
 from controlplane.api.strict_input import StrictSerializer
-from controlplane.batches import audit, progress, services
+from controlplane.batches import audit, intake, progress
 from controlplane.batches.cost import batch_cost, cost_json
+from controlplane.batches.errors import BatchError
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.models import Role
 
@@ -111,8 +112,8 @@ class BatchViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveMo
         body.is_valid(raise_exception=True)
         try:
             with audit.acting_as(self.principal.username, body.validated_data["reason"]):
-                services.cancel_batch(batch.pk)
-        except services.BatchError as refused:
+                intake.cancel_batch(batch.pk)
+        except BatchError as refused:
             return Response({"detail": refused.message}, status=status.HTTP_409_CONFLICT)
         found = self.get_queryset().get(pk=batch.pk)
         return Response(BatchDetailSerializer(found, context=self.get_serializer_context()).data)

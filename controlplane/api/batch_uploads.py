@@ -29,7 +29,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.http import HttpRequest
 
-from controlplane.batches import services
+from controlplane.batches import intake
 from controlplane.batches.errors import BatchError
 from controlplane.batches.jsonl import InputReader
 
@@ -94,7 +94,7 @@ class BatchUploadHandler(FileUploadHandler):
 
     def __init__(self, request: HttpRequest | None = None) -> None:
         super().__init__(request)
-        self.max_bytes = services.max_file_bytes()
+        self.max_bytes = intake.max_file_bytes()
         self.reader: InputReader | None = None
         self.content = bytearray()
         self.grace_s = float(settings.BATCH_UPLOAD_GRACE_S)
@@ -149,11 +149,11 @@ class BatchUploadHandler(FileUploadHandler):
             raise BatchError("an upload holds one file, in the field 'file'", param="file")
         super().new_file(field_name, file_name, content_type, content_length, charset,
                          content_type_extra)
-        self.reader = services.input_reader()
+        self.reader = intake.input_reader()
 
     def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
         if start + len(raw_data) > self.max_bytes:
-            raise services.file_too_large()
+            raise intake.file_too_large()
         assert self.reader is not None
         self.reader.feed(raw_data)
         self.content += raw_data

@@ -29,10 +29,10 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.api.batch_uploads import BatchUploadHandler, CheckedUpload
-from controlplane.batches import audit, services, tasks
+from controlplane.batches import audit, intake, progress, tasks
 from controlplane.batches.cost import batch_cost, cost_json
+from controlplane.batches.errors import BatchError
 from controlplane.batches.models import Batch, BatchFile, FilePurpose
-from controlplane.batches.services import BatchError
 from controlplane.core.hashing import sha256_hex
 from controlplane.core.models import ApiKey
 
@@ -104,7 +104,7 @@ def batch_object(batch: Batch) -> dict[str, Any]:
         "completed_at": _ts(batch.completed_at), "failed_at": _ts(batch.failed_at),
         "expired_at": _ts(batch.expired_at), "cancelling_at": _ts(batch.cancelling_at),
         "cancelled_at": _ts(batch.cancelled_at),
-        "request_counts": services.request_counts(batch), "metadata": batch.metadata,
+        "request_counts": progress.request_counts(batch), "metadata": batch.metadata,
     }
 
 
@@ -180,7 +180,7 @@ def files(request: HttpRequest, key: ApiKey) -> HttpResponse:
     if purpose != FilePurpose.BATCH:
         raise BatchError(f"purpose must be \"batch\", not {json.dumps(purpose)}",
                          param="purpose", code="invalid_purpose")
-    row = services.store_file(key.tenant, upload.name or "input.jsonl", upload.content, purpose,
+    row = intake.store_file(key.tenant, upload.name or "input.jsonl", upload.content, purpose,
                               upload.line_count)
     return JsonResponse(file_object(row))
 
@@ -189,7 +189,7 @@ def files(request: HttpRequest, key: ApiKey) -> HttpResponse:
 def file_detail(request: HttpRequest, key: ApiKey, file_id: str) -> HttpResponse:
     row = _file(key, file_id)
     if request.method == "DELETE":
-        services.delete_file(row)
+        intake.delete_file(row)
         return JsonResponse({"id": file_id, "object": "file", "deleted": True})
     return JsonResponse(file_object(row))
 
@@ -198,7 +198,7 @@ def file_detail(request: HttpRequest, key: ApiKey, file_id: str) -> HttpResponse
 def file_content(request: HttpRequest, key: ApiKey, file_id: str) -> StreamingHttpResponse:
     row = _file(key, file_id)
     # Sent a chunk at a time from the database, never held whole.
-    response = StreamingHttpResponse(services.stored_chunks(row),
+    response = StreamingHttpResponse(intake.stored_chunks(row),
                                      content_type="application/jsonl")
     response["Content-Length"] = str(row.bytes)
     return response
@@ -214,9 +214,8 @@ def batches(request: HttpRequest, key: ApiKey) -> HttpResponse:
         raise BatchError(f"the request body is not JSON ({exc})") from None
     if not isinstance(body, dict):
         raise BatchError("the request body must be a JSON object")
-    batch = services.create_batch(
-        key.tenant, body.get("input_file_id"), body.get("endpoint"),
-        body.get("completion_window"), body.get("metadata"), key.allowed_models)
+    batch = intake.create_batch(key.tenant, intake.BatchRequest.from_body(body),
+                                key.allowed_models)
     try:
         tasks.run_batch.delay(batch.id)
     except Exception:  # the broker is away: the batch is stored, and the sweep will run it
@@ -240,5 +239,5 @@ def batch_detail(request: HttpRequest, key: ApiKey, batch_id: str) -> HttpRespon
 
 @inference_api(("POST",))
 def batch_cancel(request: HttpRequest, key: ApiKey, batch_id: str) -> HttpResponse:
-    batch = services.cancel_batch(_batch(key, batch_id).pk)
+    batch = intake.cancel_batch(_batch(key, batch_id).pk)
     return JsonResponse(batch_object(batch))

@@ -1,4 +1,5 @@
-"""How far batches have got, read from their lines: counts, tokens used, the rate of the last
+"""How far batches have got, read from their lines: counts (one rule for the API's
+`request_counts` and the dashboard's progress), tokens used, the rate of the last
 minutes and the time left at that rate, what they cost so far (`batches.cost`), a batch's
 failed lines and its progress over time. Read-only; the dashboard's Batches page shows what
 these return.
@@ -17,6 +18,7 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from controlplane.batches.cost import BatchCost, batch_cost
+from controlplane.batches.lease import held
 from controlplane.batches.models import FINISHED, Batch, BatchLine, BatchStatus, LineState
 from controlplane.batches.usage import UsageTokens
 
@@ -43,7 +45,7 @@ class Progress:
     total: int
     completed: int
     failed: int
-    running: int
+    running: int  # held by a live worker (`lease`)
     tokens: int
     eta_s: float | None  # None: unknown, or the batch is not running
 
@@ -73,6 +75,28 @@ class Progress:
         return round(100 * self.failed / self.total, 2) if self.total else 0.0
 
 
+def _line_counts(batch_ids: list[str], now: datetime,
+                 **more: Count | Sum) -> dict[str, dict[str, Any]]:
+    """Each batch's lines, counted by one rule, by batch id: `total`, `completed`, `failed`,
+    and `running`: held by a live worker. A running line whose lease ran out is pending work
+    (the next runner claims it again), so it counts as neither running nor finished.
+    `more`: further aggregates over the same lines."""
+    return {
+        row["batch_id"]: dict(row) for row in
+        BatchLine.objects.filter(batch__in=batch_ids).values("batch_id").order_by()
+        .annotate(total=Count("id"),
+                  completed=Count("id", filter=Q(state=LineState.DONE)),
+                  failed=Count("id", filter=Q(state=LineState.FAILED)),
+                  running=Count("id", filter=held(now)), **more)
+    }
+
+
+def request_counts(batch: Batch) -> dict[str, int]:
+    """OpenAI's `request_counts` of a batch: all its lines, the completed and the failed."""
+    row = _line_counts([batch.pk], timezone.now()).get(batch.pk, {})
+    return {key: int(row.get(key, 0)) for key in ("total", "completed", "failed")}
+
+
 def progress_of(batches: Iterable[Batch], now: datetime | None = None) -> dict[str, Progress]:
     """Every batch's progress, by id, in one query over their lines."""
     now = now or timezone.now()
@@ -80,16 +104,9 @@ def progress_of(batches: Iterable[Batch], now: datetime | None = None) -> dict[s
     if not rows:
         return {}
     since = now - RATE_WINDOW
-    counts: dict[str, dict[str, Any]] = {
-        row["batch_id"]: dict(row) for row in
-        BatchLine.objects.filter(batch__in=[b.pk for b in rows]).values("batch_id").order_by()
-        .annotate(total=Count("id"),
-                  completed=Count("id", filter=Q(state=LineState.DONE)),
-                  failed=Count("id", filter=Q(state=LineState.FAILED)),
-                  running=Count("id", filter=Q(state=LineState.RUNNING)),
-                  recent=Count("id", filter=Q(finished_at__gte=since)),
-                  tokens=Sum(UsageTokens(F("result")), filter=Q(state=LineState.DONE)))
-    }
+    counts = _line_counts(
+        [b.pk for b in rows], now, recent=Count("id", filter=Q(finished_at__gte=since)),
+        tokens=Sum(UsageTokens(F("result")), filter=Q(state=LineState.DONE)))
     out = {}
     for batch in rows:
         row = counts.get(batch.pk, {})

@@ -1,4 +1,4 @@
-"""The batch runner: a thin Celery wrapper over `services.process` that comes back when the
+"""The batch runner: a thin Celery wrapper over `runner.process` that comes back when the
 next line is due, until the batch is finished; and the sweep that finds batches whose
 runner's message was lost (the rows are the truth, not the messages)."""
 
@@ -10,7 +10,7 @@ import socket
 from celery import shared_task
 from django.conf import settings
 
-from controlplane.batches import services
+from controlplane.batches import runner
 from controlplane.core.locks import advisory_lock
 
 
@@ -20,8 +20,8 @@ def run_batch(batch_id: str) -> str:
     when the next line is due (another worker may run the same batch meanwhile: lines are
     claimed with SKIP LOCKED)."""
     worker = f"{socket.gethostname()}:{os.getpid()}"
-    wait = services.process(batch_id, worker,
-                            budget_s=float(getattr(settings, "BATCH_TASK_BUDGET_S", 30.0)))
+    wait = runner.process(batch_id, worker,
+                          budget_s=float(getattr(settings, "BATCH_TASK_BUDGET_S", 30.0)))
     if wait is None:
         return "finished"
     run_batch.apply_async((batch_id,), countdown=max(0.0, wait))
@@ -34,7 +34,7 @@ def sweep() -> dict[str, int]:
     with advisory_lock("batches.sweep") as acquired:
         if not acquired:
             return {"skipped": 1}
-        stalled = services.stalled_batches()
+        stalled = runner.stalled_batches()
     for batch_id in stalled:
         run_batch.delay(batch_id)
     return {"requeued": len(stalled)}

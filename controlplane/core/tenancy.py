@@ -86,7 +86,12 @@ class TenantQuerySet(models.QuerySet[_Row]):
             return self.none()
         if principal.tenant_id is None:
             return self.all()
-        return self.filter(tenancy_of(self.model).scope(principal.tenant_id))
+        return self.usable_by(principal.tenant_id)
+
+    def usable_by(self, tenant_id: int) -> Self:
+        """The rows tenant `tenant_id` may use: its own, and those with no tenant where the
+        model shares them (what its users see)."""
+        return self.filter(tenancy_of(self.model).scope(tenant_id))
 
 
 def tenancy_of(model: type[models.Model]) -> Tenancy:

@@ -12,7 +12,8 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 
-from controlplane.batches import audit, progress, services
+from controlplane.batches import audit, intake, progress
+from controlplane.batches.errors import BatchError
 from controlplane.batches.models import FINISHED, Batch, BatchStatus
 from controlplane.core.models import AuditLog, Role
 from frontend import charts, fleet
@@ -173,11 +174,11 @@ def cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
         }, section="batches")
     try:
         with audit.acting_as(principal.username, reason):
-            batch = services.cancel_batch(batch.pk)
-    except services.BatchError as refused:  # it finished between the two steps
+            batch = intake.cancel_batch(batch.pk)
+    except BatchError as refused:  # it finished between the two steps
         messages.error(request, f"Not cancelled: {refused.message}.")
         return redirect("frontend:batch", batch_id=batch.pk)
-    counts = services.request_counts(batch)
+    counts = progress.request_counts(batch)
     kept = f"{counts['completed']} completed and {counts['failed']} failed results are kept"
     if batch.status == BatchStatus.CANCELLED:
         messages.success(request, f"Batch {batch.pk} is cancelled: {kept}.")

@@ -137,10 +137,10 @@ def jsonl(*rows: Any) -> bytes:
 
 def drive(batch_id: str, worker: str = "test-worker", rounds: int = 400) -> None:
     """Run the batch the way the Celery task does, until it is finished."""
-    from controlplane.batches import services
+    from controlplane.batches import runner
 
     for _ in range(rounds):
-        wait = services.process(batch_id, worker, budget_s=5.0)
+        wait = runner.process(batch_id, worker, budget_s=5.0)
         if wait is None:
             return
         time.sleep(min(wait, 0.05))

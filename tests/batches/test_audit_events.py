@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from controlplane.batches import audit, services
+from controlplane.batches import audit, intake
 from controlplane.batches.models import Batch, BatchStatus
 from controlplane.core.models import AuditLog
 
@@ -113,7 +113,7 @@ def test_a_cancel_through_the_api_is_the_keys_and_a_second_one_writes_nothing(fl
 def test_an_operator_cancel_names_the_operator_and_the_reason(fleet: Any) -> None:
     batch_id = new_batch(client(fleet["acme"]), "hello")
     with audit.acting_as("olga", "runaway job"):
-        services.cancel_batch(batch_id)
+        intake.cancel_batch(batch_id)
     rows = AuditLog.objects.filter(object_id=batch_id).exclude(action="batch.created")
     assert {(row.action, row.actor, row.reason) for row in rows} == {
         ("batch.cancelling", "olga", "runaway job"), ("batch.finalizing", "olga", "runaway job"),

@@ -11,7 +11,7 @@ import pytest
 from django.http import StreamingHttpResponse
 from django.test import Client
 
-from controlplane.batches import services
+from controlplane.batches import runner, transport
 from controlplane.batches.models import Batch, BatchFile, BatchLine, LineState
 
 from .conftest import drive, jsonl, line
@@ -99,15 +99,15 @@ def test_a_result_is_stored_once_and_a_finished_line_is_never_claimed_again(
     c = client(fleet["acme"])
     file_id = upload(c, jsonl(*(line(f"id-{i}", f"p{i}") for i in range(6)))).json()["id"]
     batch = Batch.objects.get(pk=create(c, file_id).json()["id"])
-    first = services.claim(batch, "w1", 4)
-    second = services.claim(batch, "w2", 4)
+    first = runner.claim(batch, "w1", 4)
+    second = runner.claim(batch, "w2", 4)
     assert [x.custom_id for x in first] == ["id-0", "id-1", "id-2", "id-3"]
     assert [x.custom_id for x in second] == ["id-4", "id-5"]    # never a line w1 holds
-    assert services.claim(batch, "w3", 4) == []
-    answer = services.Outcome(200, {"n": 1}, "req_1")
-    assert services.record(first[0], "w1", answer) is True
-    assert services.record(first[0], "w1", services.Outcome(200, {"n": 2}, "req_2")) is False
-    assert services.record(first[0], "w1", services.Outcome(500, None, "req_3")) is False
+    assert runner.claim(batch, "w3", 4) == []
+    answer = transport.Outcome(200, {"n": 1}, "req_1")
+    assert runner.record(first[0], "w1", answer) is True
+    assert runner.record(first[0], "w1", transport.Outcome(200, {"n": 2}, "req_2")) is False
+    assert runner.record(first[0], "w1", transport.Outcome(500, None, "req_3")) is False
     stored = BatchLine.objects.get(batch=batch, custom_id="id-0")
     assert stored.result == {"n": 1} and stored.state == LineState.DONE
     # w1 and w2 die holding their lines: once the lease has run out another worker takes them.
@@ -123,7 +123,7 @@ def test_cancel_stops_new_sends_keeps_finished_results_and_refuses_once_finished
     c = client(fleet["acme"])
     file_id = upload(c, jsonl(*(line(f"id-{i}", f"p{i}") for i in range(6)))).json()["id"]
     batch_id = create(c, file_id).json()["id"]
-    assert services.process(batch_id, "w1", budget_s=0.0) == 0.0    # one chunk, then yields
+    assert runner.process(batch_id, "w1", budget_s=0.0) == 0.0    # one chunk, then yields
     cancelled = c.post(f"/v1/batches/{batch_id}/cancel")
     assert cancelled.status_code == 200, cancelled.content
     body = cancelled.json()
@@ -326,7 +326,7 @@ def test_with_no_replica_to_send_to_a_batch_waits_without_spending_attempts(flee
     eu = Replica.objects.filter(region__jurisdiction__code="EU")
     eu.update(state=ReplicaState.PROVISIONING)   # the US replica stays ready: not acme's to use
     for _ in range(5):
-        assert services.process(batch_id, "w1", budget_s=5.0) == pytest.approx(0.05)
+        assert runner.process(batch_id, "w1", budget_s=5.0) == pytest.approx(0.05)
     assert set(BatchLine.objects.filter(batch_id=batch_id).values_list("state", "attempts")) \
         == {(LineState.QUEUED, 0)}
     assert c.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress"

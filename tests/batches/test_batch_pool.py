@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from controlplane.batches import services
+from controlplane.batches import runner, transport
 from controlplane.batches.models import Batch, BatchLine
 from controlplane.core.models import Tier
 from controlplane.deployments.models import Deployment, Replica, ReplicaState
@@ -95,7 +95,7 @@ def test_a_waking_pool_gets_one_line_at_a_time_and_no_attempt_is_spent(
     batch_id = _submit(fleet, 5)
     # The interactive deployment's replicas are ready, but the pool has none: one line goes
     # (to wake it), the answer is "no replica", and the runner comes back later.
-    wait = services.process(batch_id, "w1", budget_s=5.0)
+    wait = runner.process(batch_id, "w1", budget_s=5.0)
     assert wait == 30.0
     assert len(pool_edge.sends) == 1
     assert _lines(batch_id) == [("queued", 0)] * 5
@@ -106,7 +106,7 @@ def test_a_waking_pool_gets_one_line_at_a_time_and_no_attempt_is_spent(
     # More often than BATCH_MAX_ATTEMPTS (3): still no attempt spent, nothing failed.
     for _ in range(4):
         BatchLine.objects.filter(batch_id=batch_id).update(next_attempt_at=None)
-        assert services.process(batch_id, "w1", budget_s=5.0) == 30.0
+        assert runner.process(batch_id, "w1", budget_s=5.0) == 30.0
     assert len(pool_edge.sends) == 5
     assert _lines(batch_id) == [("queued", 0)] * 5
     assert fleet["eu"].prompts() == [] and fleet["us"].prompts() == []
@@ -130,9 +130,9 @@ def test_a_waking_pool_gets_one_line_at_a_time_and_no_attempt_is_spent(
 def test_the_window_still_bounds_the_wait_for_a_pool(
         fleet: Any, pool: Deployment, pool_edge: PoolEdge) -> None:
     batch_id = _submit(fleet, 2)
-    services.process(batch_id, "w1", budget_s=5.0)
+    runner.process(batch_id, "w1", budget_s=5.0)
     Batch.objects.filter(pk=batch_id).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert services.process(batch_id, "w1", budget_s=5.0) is None
+    assert runner.process(batch_id, "w1", budget_s=5.0) is None
     batch = Batch.objects.get(pk=batch_id)
     assert batch.status == "expired"
     errors = output_lines(client(fleet["acme"]), batch.error_file_id)
@@ -145,9 +145,9 @@ def test_with_a_pool_its_replicas_alone_take_the_lines(
     with no ready replica in the pool nothing is sent (only an edge's count wakes it)."""
     batch_id = _submit(fleet, 3)
     batch = Batch.objects.select_related("tenant").get(pk=batch_id)
-    assert services.has_batch_pool(batch)
-    assert services.eligible_replicas(batch, pool=True) == []
-    assert services.process(batch_id, "w1", budget_s=5.0) is not None
+    assert transport.has_batch_pool(batch)
+    assert transport.eligible_replicas(batch, pool=True) == []
+    assert runner.process(batch_id, "w1", budget_s=5.0) is not None
     assert _lines(batch_id) == [("queued", 0)] * 3
 
     engine = FakeEngine()
@@ -167,6 +167,6 @@ def test_another_tenants_pool_is_not_this_tenants(
     pool.save()
     batch_id = _submit(fleet, 1)
     batch = Batch.objects.select_related("tenant").get(pk=batch_id)
-    assert not services.has_batch_pool(batch)   # acme's lines use the shared replicas
+    assert not transport.has_batch_pool(batch)   # acme's lines use the shared replicas
     drive(batch_id)
     assert fleet["eu"].prompts() == ["p0"]

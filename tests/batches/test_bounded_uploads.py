@@ -18,7 +18,8 @@ from django.test.client import encode_multipart
 
 from controlplane.api import batch_views
 from controlplane.api.batch_uploads import BatchUploadHandler
-from controlplane.batches import services
+from controlplane.batches import intake
+from controlplane.batches.errors import BatchError
 from controlplane.batches.models import Batch, BatchFile, BatchLine
 
 from .conftest import jsonl, line
@@ -161,12 +162,12 @@ def stored(tenant: Any, content: bytes) -> BatchFile:
 def test_a_batch_is_made_from_its_file_a_chunk_at_a_time(
         fleet: Any, tenants: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # Chunks smaller than a line, and a few lines per insert: every line spans chunks.
-    monkeypatch.setattr(services, "STORED_CHUNK_BYTES", 97)
-    monkeypatch.setattr(services, "LINES_PER_INSERT", 7)
+    monkeypatch.setattr(intake, "STORED_CHUNK_BYTES", 97)
+    monkeypatch.setattr(intake, "LINES_PER_INSERT", 7)
     content = many_lines(50, prompt="q" * 150)
     source = stored(tenants["acme"], content)
-    assert b"".join(services.stored_chunks(source)) == content
-    batch = services.create_batch(tenants["acme"], source.id, "/v1/chat/completions", "24h")
+    assert b"".join(intake.stored_chunks(source)) == content
+    batch = intake.create_batch(tenants["acme"], intake.BatchRequest(source.id, "/v1/chat/completions"))
     rows = list(BatchLine.objects.filter(batch=batch).order_by("line_number")
                 .values_list("line_number", "custom_id"))
     assert rows == [(n + 1, f"req-{n}") for n in range(50)]
@@ -174,11 +175,11 @@ def test_a_batch_is_made_from_its_file_a_chunk_at_a_time(
 
 def test_a_bad_line_late_in_a_stored_file_leaves_nothing_written(
         fleet: Any, tenants: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(services, "STORED_CHUNK_BYTES", 97)
-    monkeypatch.setattr(services, "LINES_PER_INSERT", 7)
+    monkeypatch.setattr(intake, "STORED_CHUNK_BYTES", 97)
+    monkeypatch.setattr(intake, "LINES_PER_INSERT", 7)
     content = many_lines(40) + b'{"custom_id": "late"}\n'
     source = stored(tenants["acme"], content)
-    with pytest.raises(services.BatchError) as refused:
-        services.create_batch(tenants["acme"], source.id, "/v1/chat/completions", "24h")
+    with pytest.raises(BatchError) as refused:
+        intake.create_batch(tenants["acme"], intake.BatchRequest(source.id, "/v1/chat/completions"))
     assert refused.value.message.startswith('line 41: method must be "POST"')
     assert Batch.objects.count() == 0 and BatchLine.objects.count() == 0

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from controlplane.batches import services
+from controlplane.batches import intake, runner
 from controlplane.batches.models import Batch, BatchLine, LineState
 from controlplane.core.models import Tenant
 
@@ -29,9 +29,9 @@ def test_two_workers_share_a_batch_without_sending_a_line_twice(
     # second attempt that this test is not about.
     batch_settings.BATCH_REQUEST_TIMEOUT_S = 10.0
     tenant = Tenant.objects.get(name="acme")
-    source = services.store_file(
+    source = intake.store_file(
         tenant, "in.jsonl", jsonl(*(line(f"id-{i}", f"p{i}") for i in range(40))), "batch")
-    batch = services.create_batch(tenant, source.id, "/v1/chat/completions", "24h")
+    batch = intake.create_batch(tenant, intake.BatchRequest(source.id, "/v1/chat/completions"))
     start = threading.Barrier(2)
     failures: list[BaseException] = []
 
@@ -39,7 +39,7 @@ def test_two_workers_share_a_batch_without_sending_a_line_twice(
         try:
             start.wait()
             for _ in range(400):
-                if services.process(batch.pk, name, budget_s=0.0) is None:
+                if runner.process(batch.pk, name, budget_s=0.0) is None:
                     return
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             failures.append(exc)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.batches import services
+from controlplane.batches import concurrency_cache, progress, runner, transport
 from controlplane.batches.models import Batch, BatchLine, LineState
 from controlplane.batches.runner_key import key_name, runner_secret
 from controlplane.core.models import ApiKey
@@ -86,7 +86,7 @@ def test_lines_go_through_the_edge_at_batch_tier_with_the_batchs_own_key(
                      ).json()["id"]
     batch_id = create(c, file_id).json()["id"]
 
-    wait = services.process(batch_id, "w1", budget_s=5.0)
+    wait = runner.process(batch_id, "w1", budget_s=5.0)
     assert wait is not None and wait <= 1.0   # the edge does not know the key yet
     assert fake_edge.sends == []
     assert not BatchLine.objects.filter(batch_id=batch_id).exclude(
@@ -102,7 +102,7 @@ def test_lines_go_through_the_edge_at_batch_tier_with_the_batchs_own_key(
 
     batch = Batch.objects.get(pk=batch_id)
     assert batch.status == "completed"
-    assert services.request_counts(batch) == {"total": 3, "completed": 3, "failed": 0}
+    assert progress.request_counts(batch) == {"total": 3, "completed": 3, "failed": 0}
     assert fleet["eu"].prompts() == [] and fleet["us"].prompts() == []   # not direct
     short = batch_id.removeprefix("batch_")
     assert sorted(s["headers"]["x-request-id"] for s in fake_edge.sends) == [
@@ -121,14 +121,14 @@ def test_lines_go_through_the_edge_at_batch_tier_with_the_batchs_own_key(
 def test_the_first_enabled_edge_is_the_default(fleet: Any, catalog: Any) -> None:
     from controlplane.routing.models import Edge
 
-    assert services.batch_edge_url() is None   # no edge at all: straight to the replicas
+    assert transport.batch_edge_url() is None   # no edge at all: straight to the replicas
     Edge.objects.create(name="edge-off", region=catalog["fra"], admin_url="http://a:1",
                         public_url="http://off:8100", enabled=False)
     Edge.objects.create(name="edge-b", region=catalog["fra"], admin_url="http://a:2",
                         public_url="http://first:8100/")
     Edge.objects.create(name="edge-a", region=catalog["iad"], admin_url="http://a:3",
                         public_url="http://second:8101")
-    assert services.batch_edge_url() == "http://first:8100"
+    assert transport.batch_edge_url() == "http://first:8100"
 
 
 def test_concurrency_grows_after_full_rounds_halves_at_capacity_and_is_shared(
@@ -139,18 +139,18 @@ def test_concurrency_grows_after_full_rounds_halves_at_capacity_and_is_shared(
                      ).json()["id"]
     batch_id = create(c, file_id).json()["id"]
     fake_edge.known.add(runner_secret(batch_id))
-    assert services.load_concurrency(batch_id) is None
+    assert concurrency_cache.load_concurrency(batch_id) is None
 
-    assert services.process(batch_id, "w1", budget_s=0.0) == 0.0   # one round of 4 (BATCH_CHUNK)
-    assert services.load_concurrency(batch_id) == {"n": 5, "ttft_baseline_s": None}
+    assert runner.process(batch_id, "w1", budget_s=0.0) == 0.0   # one round of 4 (BATCH_CHUNK)
+    assert concurrency_cache.load_concurrency(batch_id) == {"n": 5, "ttft_baseline_s": None}
     # Another worker goes on from what the first learnt: 5 lines, one refused (503).
-    assert services.process(batch_id, "w2", budget_s=0.0) == 0.0
+    assert runner.process(batch_id, "w2", budget_s=0.0) == 0.0
     assert len(fake_edge.sends) == 9
-    assert services.load_concurrency(batch_id) == {"n": 2, "ttft_baseline_s": None}
+    assert concurrency_cache.load_concurrency(batch_id) == {"n": 2, "ttft_baseline_s": None}
 
     drive(batch_id)
     assert Batch.objects.get(pk=batch_id).status == "completed"
-    assert services.load_concurrency(batch_id) is None   # forgotten with the batch
+    assert concurrency_cache.load_concurrency(batch_id) is None   # forgotten with the batch
 
 
 def test_while_the_edge_does_not_answer_no_line_is_claimed_nor_attempt_spent(
@@ -165,8 +165,8 @@ def test_while_the_edge_does_not_answer_no_line_is_claimed_nor_attempt_spent(
     gone.close()                                       # the edge is down (restarting)
 
     for _ in range(3):
-        wait = services.process(batch_id, "w1", budget_s=5.0)
-        assert wait is not None and wait <= services.EDGE_RECHECK_S
+        wait = runner.process(batch_id, "w1", budget_s=5.0)
+        assert wait is not None and wait <= transport.EDGE_RECHECK_S
     assert not BatchLine.objects.filter(batch_id=batch_id).exclude(
         state=LineState.QUEUED, attempts=0).exists()
 

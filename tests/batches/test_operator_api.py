@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.batches import services
+from controlplane.batches import intake
 from controlplane.batches.models import Batch
 from controlplane.core.models import AuditLog, Role, Tenant
 
@@ -17,9 +17,9 @@ pytestmark = pytest.mark.django_db
 
 
 def submit(tenant: Tenant, n: int = 3) -> Batch:
-    source = services.store_file(
+    source = intake.store_file(
         tenant, "in.jsonl", jsonl(*(line(f"id-{i}", f"p{i}") for i in range(n))), "batch")
-    return services.create_batch(tenant, source.id, "/v1/chat/completions", "24h")
+    return intake.create_batch(tenant, intake.BatchRequest(source.id, "/v1/chat/completions"))
 
 
 @pytest.fixture

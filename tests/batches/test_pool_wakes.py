@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from controlplane.batches import services
+from controlplane.batches import progress, runner
 from controlplane.batches.models import Batch, BatchLine
 from controlplane.core.models import Tier
 from controlplane.deployments.models import Deployment, Replica
@@ -88,14 +88,14 @@ def test_a_batch_wakes_its_pool_from_zero_and_the_pool_goes_back_to_zero(
     batch_id = create(c, file_id).json()["id"]
 
     # An edge with no table yet (503 to everything): nothing is sent, no attempt spent.
-    assert services.process(batch_id, "w1", budget_s=5.0) == 0.05   # the backoff cap here
+    assert runner.process(batch_id, "w1", budget_s=5.0) == 0.05   # the backoff cap here
     assert list(BatchLine.objects.filter(batch_id=batch_id).values_list("state", "attempts")
                 ) == [("queued", 0)] * 3
     _publish()   # with the batch's own key, made by that first run
     collect_edges()
     # The pool has no replica: one line goes, the edge answers 503 no_replicas and counts
     # it; no attempt is spent and the rest wait unclaimed.
-    assert services.process(batch_id, "w1", budget_s=5.0) == pytest.approx(0.2)
+    assert runner.process(batch_id, "w1", budget_s=5.0) == pytest.approx(0.2)
     assert list(BatchLine.objects.filter(batch_id=batch_id).values_list("state", "attempts")
                 ) == [("queued", 0)] * 3
     collect_edges()
@@ -117,7 +117,7 @@ def test_a_batch_wakes_its_pool_from_zero_and_the_pool_goes_back_to_zero(
         engine.close()
     batch = Batch.objects.get(pk=batch_id)
     assert batch.status == "completed"
-    assert services.request_counts(batch) == {"total": 3, "completed": 3, "failed": 0}
+    assert progress.request_counts(batch) == {"total": 3, "completed": 3, "failed": 0}
     assert list(BatchLine.objects.filter(batch_id=batch_id).values_list("attempts", flat=True)
                 ) == [1, 1, 1]
     assert fleet["eu"].prompts() == [] and fleet["us"].prompts() == []   # interactive's

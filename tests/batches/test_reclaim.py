@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.batches import services
+from controlplane.batches import runner, transport
 from controlplane.batches.models import Batch, BatchLine, LineState
 
 from .conftest import drive, jsonl, line
@@ -23,9 +23,9 @@ def test_the_runner_comes_back_when_a_dead_workers_lease_ends(fleet: Any,
     c = client(fleet["acme"])
     file_id = upload(c, jsonl(*(line(f"id-{i}", f"p{i}") for i in range(3)))).json()["id"]
     batch = Batch.objects.get(pk=create(c, file_id).json()["id"])
-    held = services.claim(batch, "dead-worker", 2)          # then its worker is SIGKILLed
+    held = runner.claim(batch, "dead-worker", 2)          # then its worker is SIGKILLed
 
-    wait = services.process(batch.pk, "w2", budget_s=5.0)
+    wait = runner.process(batch.pk, "w2", budget_s=5.0)
     assert wait is not None and 15.0 < wait <= 20.0        # the lease, not the 60 s cap
     assert fleet["eu"].prompts() == ["p2"]                  # only the line nobody held
 
@@ -41,19 +41,19 @@ def test_a_worker_past_its_lease_stores_nothing_for_lines_claimed_again(
     c = client(fleet["acme"])
     file_id = upload(c, jsonl(line("id-0", "p0"))).json()["id"]
     batch = Batch.objects.get(pk=create(c, file_id).json()["id"])
-    slow = services.claim(batch, "slow-worker", 1)[0]      # its send outlives the lease
+    slow = runner.claim(batch, "slow-worker", 1)[0]      # its send outlives the lease
     batch_settings.BATCH_LEASE_S = 0.0
-    again = services.claim(batch, "w2", 1)[0]
+    again = runner.claim(batch, "w2", 1)[0]
     assert again.custom_id == "id-0" and again.attempts == 2
 
-    late = services.Outcome(200, {"from": "slow"}, "req_slow")
-    assert services.record(slow, "slow-worker", late) is False    # w2 holds the line now
-    assert services.record(slow, "slow-worker", services.Outcome(400, {}, "r")) is False
+    late = transport.Outcome(200, {"from": "slow"}, "req_slow")
+    assert runner.record(slow, "slow-worker", late) is False    # w2 holds the line now
+    assert runner.record(slow, "slow-worker", transport.Outcome(400, {}, "r")) is False
     stored = BatchLine.objects.get(pk=again.pk)
     assert (stored.state, stored.result, stored.worker) == (LineState.RUNNING, None, "w2")
 
-    assert services.record(again, "w2", services.Outcome(200, {"from": "w2"}, "req_w2"))
+    assert runner.record(again, "w2", transport.Outcome(200, {"from": "w2"}, "req_w2"))
     stored.refresh_from_db()
     assert (stored.state, stored.result, stored.request_id) == (
         LineState.DONE, {"from": "w2"}, "req_w2")
-    assert services.claim(batch, "w3", 1) == []            # stored: never claimed again
+    assert runner.claim(batch, "w3", 1) == []            # stored: never claimed again
