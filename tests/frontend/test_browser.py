@@ -425,9 +425,9 @@ def test_operator_cancels_a_batch_after_the_review_and_the_page_follows_it(
         "wrong prompts"
     assert page.page.locator("#batch-summary").get_attribute("data-status") == "cancelling"
     # The worker finishes it; the summary follows without a reload.
-    from controlplane.batches import services
+    from controlplane.batches import results
 
-    services.finalize(batch.pk, BatchStatus.CANCELLED)
+    results.finalize(batch.pk, BatchStatus.CANCELLED)
     page.page.wait_for_function(
         "() => document.querySelector('#batch-summary').dataset.status === 'cancelled'",
         timeout=20_000)
