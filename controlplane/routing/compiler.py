@@ -140,8 +140,31 @@ def compile_table(
     to its batch-tier replicas only (`"*"`: everyone's), never to its interactive ones; the
     entry is there even while the pool has no replica (scaled to zero), so that the edge
     answers those requests 503 and counts them, which is what wakes the pool."""
+    models = _model_entries(edge, replicas, batch_pools or {})
+    tenants = _tenant_entries(keys, policy)
+    certificates = sorted(revoked_certificates)
+    return {
+        # Engine-CA certificates revoked and not yet expired: edges neither present nor
+        # accept them (edge/upstream_tls.py).
+        **({"revoked_certificates": certificates} if certificates else {}),
+        "version": version,
+        "issued_at": issued_at,
+        "edge": edge.name,
+        "key_id": key_id,
+        "models": models,
+        "tenants": tenants,
+        "aliases": dict(policy.aliases),
+        # Keys revoked lately: an edge refuses them for good, whatever table it serves later.
+        "revoked_keys": sorted(revoked_keys),
+        "policy": _policy_entry(policy),
+    }
+
+
+def _model_entries(edge: EdgeView, replicas: Iterable[ReplicaView],
+                   batch_pools: Mapping[str, Iterable[str | None]]) -> dict[str, dict[str, Any]]:
+    """Each served model's replicas as `edge` sees them, its revision split and batch pool."""
     models: dict[str, dict[str, Any]] = {}
-    for model, owners in (batch_pools or {}).items():
+    for model, owners in batch_pools.items():
         names = {SHARED_POOL if owner is None else owner for owner in owners}
         if names:
             pool = [SHARED_POOL] if SHARED_POOL in names else sorted(names)
@@ -166,7 +189,12 @@ def compile_table(
             for replica_entry_ in entry["replicas"]:
                 replica_entry_.setdefault("revision", "")
                 entry["revisions"].setdefault(replica_entry_["revision"], 0.0)
-    tenants = {
+    return models
+
+
+def _tenant_entries(keys: Iterable[TenantKeyView], policy: PolicyView) -> dict[str, Any]:
+    """Each API key's hash with its tenant's rules."""
+    return {
         key.key_hash: {
             "tenant": key.tenant,
             "jurisdictions": sorted(key.jurisdictions),
@@ -181,30 +209,18 @@ def compile_table(
         }
         for key in keys
     }
-    certificates = sorted(revoked_certificates)
+
+
+def _policy_entry(policy: PolicyView) -> dict[str, Any]:
     return {
-        # Engine-CA certificates revoked and not yet expired: edges neither present nor
-        # accept them (edge/upstream_tls.py).
-        **({"revoked_certificates": certificates} if certificates else {}),
-        "version": version,
-        "issued_at": issued_at,
-        "edge": edge.name,
-        "key_id": key_id,
-        "models": models,
-        "tenants": tenants,
-        "aliases": dict(policy.aliases),
-        # Keys revoked lately: an edge refuses them for good, whatever table it serves later.
-        "revoked_keys": sorted(revoked_keys),
-        "policy": {
-            "scorers": dict(policy.scorers),
-            "retry_before_first_byte": policy.retry_before_first_byte,
-            "eject_after_failures": policy.eject_after_failures,
-            "eject_base_s": policy.eject_base_s,
-            "resume_streams_max": policy.resume_streams_max,
-            "resume_deadline_s": policy.resume_deadline_s,
-            "stream_stall_s": policy.stream_stall_s,
-            "first_byte_timeout_s": policy.first_byte_timeout_s,
-            "max_table_age_s": policy.max_table_age_s,
-            "stale_table_mode": policy.stale_table_mode,
-        },
+        "scorers": dict(policy.scorers),
+        "retry_before_first_byte": policy.retry_before_first_byte,
+        "eject_after_failures": policy.eject_after_failures,
+        "eject_base_s": policy.eject_base_s,
+        "resume_streams_max": policy.resume_streams_max,
+        "resume_deadline_s": policy.resume_deadline_s,
+        "stream_stall_s": policy.stream_stall_s,
+        "first_byte_timeout_s": policy.first_byte_timeout_s,
+        "max_table_age_s": policy.max_table_age_s,
+        "stale_table_mode": policy.stale_table_mode,
     }
