@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 from edge.ratelimit import limit_key
+from edge.state import RequestState
 
 if TYPE_CHECKING:
-    from edge.proxy import Exchange
     from edge.server import Edge
 
 # The model label of a request refused before its model was resolved (bad key, bad body,
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 UNRESOLVED_MODEL = "unknown"
 
 
-def account(edge: Edge, exchange: Exchange) -> None:
+def account(edge: Edge, exchange: RequestState) -> None:
+    """Count the request in the metrics, settle its tokens, write its access-log line."""
     metrics = edge.metrics
     tenant_rules = exchange.tenant
     tenant = tenant_rules.tenant if tenant_rules is not None else ""
@@ -61,33 +62,43 @@ def account(edge: Edge, exchange: Exchange) -> None:
                                 time.monotonic())
     if exchange.status == 0:
         metrics.client_disconnects.inc()
-    access_log = edge.access_log
-    if access_log.enabled:
-        access_log.write(orjson.dumps({
-            "ts": time.time(),
-            "edge": edge.name,
-            "request_id": exchange.request_id.decode(),
-            "client": request.peer,
-            "path": request.path,
-            "status": status,
-            "code": exchange.code or None,
-            "tenant": tenant or None,
-            "model": model or exchange.requested_model or None,
-            "requested_model": exchange.requested_model or None,
-            "tier": exchange.tier,
-            "stream": exchange.stream,
-            "replica": replica.id if replica is not None else None,
-            "region": region or None,
-            "retries": exchange.retries,
-            "resumptions": exchange.resumes,
-            "resume_outcome": exchange.resume_outcome or None,
-            "last_failure": exchange.last_failure or None,
-            "queued_s": exchange.queued_s,
-            "ttft_s": ttft,
-            "duration_s": end - started,
-            "overhead_s": exchange.overhead_s,
-            "prompt_tokens": exchange.prompt_tokens,
-            "completion_tokens": exchange.completion_tokens,
-            "usage_reported": exchange.usage_reported,
-            "bytes_out": exchange.client.bytes_sent,
-        }))
+    if edge.access_log.enabled:
+        edge.access_log.write(access_line(edge, exchange, status, ttft, end - started))
+
+
+def access_line(edge: Edge, exchange: RequestState, status: int, ttft: float | None,
+                duration_s: float) -> bytes:
+    """The request's access-log line."""
+    tenant_rules = exchange.tenant
+    replica = exchange.replica
+    region = replica.region if replica is not None else ""
+    model = exchange.model
+    resumption = exchange.resumption
+    return orjson.dumps({
+        "ts": time.time(),
+        "edge": edge.name,
+        "request_id": exchange.request_id.decode(),
+        "client": exchange.request.peer,
+        "path": exchange.request.path,
+        "status": status,
+        "code": exchange.code or None,
+        "tenant": tenant_rules.tenant or None if tenant_rules is not None else None,
+        "model": model or exchange.requested_model or None,
+        "requested_model": exchange.requested_model or None,
+        "tier": exchange.tier,
+        "stream": exchange.stream,
+        "replica": replica.id if replica is not None else None,
+        "region": region or None,
+        "retries": exchange.retries,
+        "resumptions": resumption.resumes if resumption is not None else 0,
+        "resume_outcome": resumption.outcome or None if resumption is not None else None,
+        "last_failure": exchange.last_failure or None,
+        "queued_s": exchange.queued_s,
+        "ttft_s": ttft,
+        "duration_s": duration_s,
+        "overhead_s": exchange.overhead_s,
+        "prompt_tokens": exchange.prompt_tokens,
+        "completion_tokens": exchange.completion_tokens,
+        "usage_reported": exchange.usage_reported,
+        "bytes_out": exchange.client.bytes_sent,
+    })

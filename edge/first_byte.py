@@ -33,7 +33,8 @@ import logging
 import time
 
 from edge.background import stop_task
-from edge.proxy import Exchange
+from edge.exchange import Exchange
+from edge.next_replica import another_replica_may_take_it
 from edge.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("meridian.edge.first_byte")
@@ -48,7 +49,7 @@ def overdue(ex: Exchange, now: float) -> str:
     if stats is not None and ex.replica is not None and (
             not stats.available(time.monotonic())
             or ex.edge.stats.get(ex.replica.id) is not stats) \
-            and ex.another_replica_may_take_it():
+            and another_replica_may_take_it(ex):
         # Ejected, down by its probes, or no longer in the table (the control plane failed
         # it): what was sent there is not coming back.
         return "no answer yet, and the replica has been found failing since the request was sent"

@@ -52,9 +52,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from edge.errors import ClientError
+from edge.state import Resumption
 
 if TYPE_CHECKING:
-    from edge.proxy import Exchange
+    from edge.exchange import Exchange
     from edge.upstream import UpstreamConnection, UpstreamError
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -110,110 +111,69 @@ def first_error(whole: bytes) -> tuple[int, str]:
     return -1, ""
 
 
-class Resumption:
-    """What a stream's client has been sent, across its legs; made at the first cut."""
+def absorb(r: Resumption, sent: bytes) -> None:
+    """Read the events the first leg delivered."""
+    for event in sent.split(b"\n\n"):
+        data = event_data(event)
+        if not data or data == b"[DONE]":
+            continue
+        try:
+            document = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(document, dict):
+            read(r, document)
 
-    def __init__(self, chat: bool, payload: dict[str, Any]) -> None:
-        self.chat = chat
-        options = payload.get("stream_options")
-        # vLLM's include_usage defaults to true once stream_options is given.
-        self.include_usage = isinstance(options, dict) and options.get(
-            "include_usage", True) is True
-        self.continuous_usage = isinstance(options, dict) and self.include_usage and \
-            options.get("continuous_usage_stats") is True
-        self.text: list[str] = []
-        self.tokens = 0  # completion tokens of the legs before this one
-        self.leg_events = 0  # token events of this leg
-        self.leg_usage = -1  # this leg's own count, once its engine reports one
-        self.prompt_tokens = -1
-        self.id: Any = None
-        self.created: Any = None
-        self.model: Any = None
-        self.role_sent = False
-        self.tools = False
-        self.finished = False  # a finish_reason reached the client
-        self.leg_done = False  # this leg sent [DONE]
-        self.held = b""  # a resumed leg's partial event
-        self.first_cut_at = time.monotonic()
 
-    @property
-    def sent_tokens(self) -> int:
-        return self.tokens + (self.leg_usage if self.leg_usage >= 0 else self.leg_events)
-
-    def end_leg(self) -> None:
-        self.tokens = self.sent_tokens
-        self.leg_events = 0
-        self.leg_usage = -1
-        self.leg_done = False
-        self.held = b""
-
-    def absorb(self, sent: bytes) -> None:
-        """Read the events the first leg delivered."""
-        for event in sent.split(b"\n\n"):
-            data = event_data(event)
-            if not data or data == b"[DONE]":
-                continue
-            try:
-                document = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(document, dict):
-                self.read(document)
-
-    def read(self, document: dict[str, Any]) -> bool:
-        """Note what one chunk says; False for a role chunk the client already had."""
-        if self.id is None:
-            self.id, self.created = document.get("id"), document.get("created")
-            self.model = document.get("model")
-        usage = document.get("usage")
-        if isinstance(usage, dict):
-            completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
-            if isinstance(completion, int):
-                self.leg_usage = completion
-            if isinstance(prompt, int):
-                self.prompt_tokens = max(0, prompt - self.tokens)
-        choices = document.get("choices")
-        if not isinstance(choices, list):
-            return True
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            if choice.get("finish_reason") is not None:
-                self.finished = True
-            if self.chat:
-                delta = choice.get("delta")
-                if not isinstance(delta, dict):
-                    continue
-                if "role" in delta:
-                    if self.role_sent:
-                        del delta["role"]
-                        if not delta.get("content") and not delta.get("tool_calls") \
-                                and choice.get("finish_reason") is None:
-                            return False
-                    else:
-                        self.role_sent = True
-                    if not delta.get("content") and not delta.get("tool_calls"):
-                        continue  # the role chunk is not a token
-                if delta.get("tool_calls"):
-                    self.tools = True
-                text = delta.get("content")
-            else:
-                text = choice.get("text")
-            if isinstance(text, str) and text:
-                self.text.append(text)
-            self.leg_events += 1
+def read(r: Resumption, document: dict[str, Any]) -> bool:
+    """Note what one chunk says; False for a role chunk the client already had."""
+    if r.id is None:
+        r.id, r.created = document.get("id"), document.get("created")
+        r.model = document.get("model")
+    usage = document.get("usage")
+    if isinstance(usage, dict):
+        completion, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if isinstance(completion, int):
+            r.leg_usage = completion
+        if isinstance(prompt, int):
+            r.prompt_tokens = max(0, prompt - r.tokens)
+    choices = document.get("choices")
+    if not isinstance(choices, list):
         return True
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("finish_reason") is not None:
+            r.finished = True
+        if r.chat:
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            if "role" in delta:
+                if r.role_sent:
+                    del delta["role"]
+                    if not delta.get("content") and not delta.get("tool_calls") \
+                            and choice.get("finish_reason") is None:
+                        return False
+                else:
+                    r.role_sent = True
+                if not delta.get("content") and not delta.get("tool_calls"):
+                    continue  # the role chunk is not a token
+            if delta.get("tool_calls"):
+                r.tools = True
+            text = delta.get("content")
+        else:
+            text = choice.get("text")
+        if isinstance(text, str) and text:
+            r.text.append(text)
+        r.leg_events += 1
+    return True
 
-    def usage(self, fallback_prompt: int) -> dict[str, int]:
-        prompt = self.prompt_tokens if self.prompt_tokens >= 0 else fallback_prompt
-        completion = self.sent_tokens
-        return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                "completion_tokens": completion}
 
-    def chunk(self, body: dict[str, Any]) -> bytes:
-        return b"data: " + orjson.dumps({
-            "id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created, "model": self.model, **body}) + b"\n\n"
+def chunk(r: Resumption, body: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps({
+        "id": r.id, "object": "chat.completion.chunk" if r.chat else "text_completion",
+        "created": r.created, "model": r.model, **body}) + b"\n\n"
 
 
 # --- what may be resumed, and how ---------------------------------------------------------
@@ -242,8 +202,8 @@ def refusal(ex: Exchange, r: Resumption) -> tuple[str, str, str | None] | None:
         return "refused_tenant", "resumption is off for this tenant", None
     policy = ex.cset.policy if ex.cset is not None else None
     limit = policy.resume_streams_max if policy is not None else 0
-    if ex.resumes >= limit:
-        return "exhausted", f"it was resumed {ex.resumes} time(s) already (limit {limit})", None
+    if r.resumes >= limit:
+        return "exhausted", f"it was resumed {r.resumes} time(s) already (limit {limit})", None
     if policy is not None and time.monotonic() > r.first_cut_at + policy.resume_deadline_s:
         return "exhausted", f"{policy.resume_deadline_s:g}s passed since its first cut", None
     return None
@@ -298,27 +258,28 @@ def tracks(ex: Exchange, conn: UpstreamConnection) -> bool:
 def first_leg(ex: Exchange, data: bytes, end: bool) -> None:
     """The first leg's bytes when the fast path cannot pass them on as they are: an event
     split across reads, a possible error event, or the end of the answer."""
-    whole, ex.held = split_events(ex.held + data)
+    r = ex.resumption
+    assert r is not None
+    whole, r.held = split_events(r.held + data)
     if whole:
         at, message = first_error(whole)
         if at >= 0:
             if at:
-                keep(ex, whole[:at])
+                keep(ex, r, whole[:at])
             stream_cut(ex, f"sent an error event: {message}")
             return
-        keep(ex, whole)
+        keep(ex, r, whole)
     if not end:
         return
-    if ex.held or not (ex.prev_chunk + ex.last_chunk).rstrip().endswith(b"data: [DONE]"):
+    if r.held or not (ex.prev_chunk + ex.last_chunk).rstrip().endswith(b"data: [DONE]"):
         stream_cut(ex, "ended before [DONE]")
         return
-    ex.kept = None
+    r.kept = []
     ex.end_relay(b"")
 
 
-def keep(ex: Exchange, whole: bytes) -> None:
-    if ex.kept is not None:
-        ex.kept.append(whole)
+def keep(ex: Exchange, r: Resumption, whole: bytes) -> None:
+    r.kept.append(whole)
     ex.pass_on(whole)
 
 
@@ -329,12 +290,10 @@ def leg_head(ex: Exchange, conn: UpstreamConnection) -> bool:
     if status != 200 or not conn.content_type.startswith(b"text/event-stream"):
         stream_cut(ex, f"answered {status} to the resumed request", replica_fault=status >= 500)
         return False
-    stats = ex.stats
-    if stats is not None and (stats.consecutive_failures or stats.ejections):
-        assert ex.replica is not None
-        ex.edge.record_success(ex.replica, stats)
+    ex.replica_answered()
     ex.edge.metrics.resumptions.inc(("resumed",))
-    ex.resume_outcome = "resumed"
+    assert ex.resumption is not None
+    ex.resumption.outcome = "resumed"
     ex.client.set_producer(conn)
     return True
 
@@ -363,7 +322,7 @@ def leg_data(ex: Exchange, data: bytes, end: bool) -> None:
         if message is not None:
             error = message
             break
-        if not r.read(document) or not document.get("choices"):
+        if not read(r, document) or not document.get("choices"):
             continue  # a repeated role chunk, or a usage chunk (the edge sends its own)
         document["id"], document["created"] = r.id, r.created
         document["model"] = r.model
@@ -385,12 +344,10 @@ def leg_data(ex: Exchange, data: bytes, end: bool) -> None:
 
 
 def leg_failed(ex: Exchange, error: UpstreamError) -> None:
-    if ex.resumption is not None and error.reused and not error.received_any \
-            and not error.timeout and not ex.fresh_connection and ex.replica is not None:
-        # A pooled connection the replica had closed: the same replica, on a new one.
-        ex.release_slot()
-        ex.fresh_connection = True
-        ex.send_to(ex.replica)
+    """A stream's connection failed: a resumed leg's stale pooled connection is tried again
+    on a fresh one (`Exchange.resend_if_stale`); anything else cuts the stream."""
+    r = ex.resumption
+    if r is not None and r.cut and ex.resend_if_stale(error):
         return
     stream_cut(ex, f"failed mid-response: {error}")
 
@@ -398,20 +355,17 @@ def leg_failed(ex: Exchange, error: UpstreamError) -> None:
 def stream_cut(ex: Exchange, reason: str, replica_fault: bool = True) -> None:
     """The stream's current leg is over without its end: resume it, or end it with an
     error event."""
-    conn = ex.upstream
-    if conn is not None:
-        ex.upstream = None
-        conn.abort()  # what tells the engine to stop
+    ex.drop_upstream()
     ex.client.set_producer(None)
     if replica_fault:
         ex.replica_failed(reason)
     ex.last_failure = reason
     r = ex.resumption
-    if r is None:
-        r = ex.resumption = Resumption(ex.chat, ex.payload or {})
-        r.absorb(b"".join(ex.kept or ()))
-        ex.kept = None
-        ex.held = b""
+    assert r is not None
+    if not r.cut:
+        r.mark_cut()
+        absorb(r, b"".join(r.kept))
+        r.kept = []
     r.end_leg()
     if r.finished:
         finish(ex, r)  # the answer was whole; only its end was lost
@@ -426,18 +380,11 @@ def stream_cut(ex: Exchange, reason: str, replica_fault: bool = True) -> None:
     if body is None:
         finish(ex, r, "length")
         return
-    ex.release_slot()
-    if ex.replica is not None:
-        if ex.tried is None:
-            ex.tried = set()
-        ex.tried.add(ex.replica.id)
-    ex.resumes += 1
-    ex.set_body(body)
-    ex.fresh_connection = False
+    r.resumes += 1
     policy = ex.cset.policy if ex.cset is not None else None
     ex.deadline = r.first_cut_at + (policy.resume_deadline_s if policy is not None else 0.0)
-    ex.leg_sent_at = time.perf_counter()
-    ex.dispatch()
+    r.leg_sent_at = time.perf_counter()
+    ex.send_again(body, reason)
     if not ex.finished:
         arm_stall(ex)
 
@@ -452,22 +399,22 @@ def finish(ex: Exchange, r: Resumption, finish_reason: str = "") -> None:
             choice["delta"] = {}
         else:
             choice["text"] = ""
-        out += r.chunk({"choices": [choice]})
+        out += chunk(r, {"choices": [choice]})
     if r.include_usage:
-        out += r.chunk({"choices": [], "usage": r.usage(ex.prompt_tokens_est)})
+        out += chunk(r, {"choices": [], "usage": r.usage(ex.prompt_tokens_est)})
     settle(ex, r)
-    ex.kept = None
     ex.end_relay(out + DONE_EVENT)
 
 
 def end_with_error(ex: Exchange, outcome: str, message: str, param: str | None) -> None:
     """End the stream with an OpenAI-shaped error event (then the end of the body)."""
     ex.edge.metrics.resumptions.inc((outcome,))
-    ex.resume_outcome = outcome
     ex.code = "stream_interrupted"
     r = ex.resumption
     if r is not None:
-        settle(ex, r)
+        r.outcome = outcome
+        if r.cut:
+            settle(ex, r)
     error = ClientError(502, message, code="stream_interrupted", type_="server_error",
                         param=param)
     ex.client.end(b"data: " + error.body() + b"\n\n")
@@ -484,19 +431,21 @@ def settle(ex: Exchange, r: Resumption) -> None:
 # --- the stall timer: one per stream, rescheduled from the last byte ----------------------
 
 def arm_stall(ex: Exchange) -> None:
-    if ex.stall_timer is None and ex.cset is not None:
-        ex.stall_timer = asyncio.get_running_loop().call_later(
+    r = ex.resumption
+    if r is not None and r.stall_timer is None and ex.cset is not None:
+        r.stall_timer = asyncio.get_running_loop().call_later(
             ex.cset.policy.stream_stall_s, check_stall, ex)
 
 
 def check_stall(ex: Exchange) -> None:
-    ex.stall_timer = None
-    if ex.finished or ex.cset is None:
+    r = ex.resumption
+    if ex.finished or ex.cset is None or r is None:
         return
+    r.stall_timer = None
     stall = ex.cset.policy.stream_stall_s
-    idle = time.perf_counter() - max(ex.last_byte_at, ex.leg_sent_at)
+    idle = time.perf_counter() - max(ex.last_byte_at, r.leg_sent_at)
     if idle >= stall and ex.upstream is not None and not ex.client.writing_paused:
         ex.guarded(stream_cut, ex, f"stalled: nothing for {idle:.1f}s")
         return
-    ex.stall_timer = asyncio.get_running_loop().call_later(
+    r.stall_timer = asyncio.get_running_loop().call_later(
         stall - idle if idle < stall else stall, check_stall, ex)

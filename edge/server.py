@@ -9,7 +9,7 @@ version and by `issued_at`: an older table is a replay), persist atomically, swa
 A table issued more than its policy's `max_table_age_s` ago is stale. The edge keeps serving
 it; what it means then is the policy's `stale_table_mode`: "last_known_good" serves every
 tenant as before (keys revoked in any table seen since stay refused: `edge.revocations`),
-"fail_closed" refuses every tenant but those marked `fail_open` (`edge.proxy`). `/healthz`,
+"fail_closed" refuses every tenant but those marked `fail_open` (`edge.client_api`). `/healthz`,
 `GET /admin/table` and `/metrics` say which.
 """
 
@@ -30,6 +30,7 @@ from edge import BUILD
 from edge.admin import AdminApi
 from edge.admission import CapacityQueue
 from edge.batch_forward import forwarded
+from edge.client_api import ClientApi
 from edge.first_byte import FirstByteWatch
 from edge.health import Prober, ReplicaStats, record_failure, record_success
 from edge.httpserver import HttpServer
@@ -37,7 +38,6 @@ from edge.logs import AccessLog
 from edge.metrics import EdgeMetrics, Gauge, Labels
 from edge.policy import CandidateSet, PickerState
 from edge.prefix import PrefixIndex
-from edge.proxy import ClientApi
 from edge.pull import TablePuller
 from edge.ratelimit import TenantLimiter
 from edge.revocations import Revocations

@@ -171,7 +171,7 @@ def test_metrics_render_in_prometheus_text_format() -> None:
 
 
 def test_reported_usage_reads_vllms_usage_wherever_its_keys_are() -> None:
-    from edge.proxy import reported_usage
+    from edge.usage import reported_usage
 
     answer = orjson.dumps({
         "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
@@ -184,7 +184,7 @@ def test_reported_usage_reads_vllms_usage_wherever_its_keys_are() -> None:
 
 
 def test_reported_usage_is_not_fooled_by_a_completion_that_talks_about_usage() -> None:
-    from edge.proxy import reported_usage
+    from edge.usage import reported_usage
 
     text = 'the field is "usage": {"prompt_tokens": 999, "completion_tokens": 999}'
     tricky = orjson.dumps({"choices": [{"message": {"content": text}}], "usage": None})
@@ -200,7 +200,7 @@ def test_reported_usage_skips_usage_as_a_token_text_after_the_usage_object() -> 
     """vLLM puts `prompt_logprobs` after `usage`; a prompt token whose text is "usage" is a
     string value there, and in a completion's `top_logprobs` a token text is a key with a
     number. Neither is the usage object."""
-    from edge.proxy import reported_usage
+    from edge.usage import reported_usage
 
     answer = orjson.dumps({
         "choices": [{"text": " usage", "logprobs": {"top_logprobs": [{"usage": -0.1}]}}],
@@ -212,7 +212,7 @@ def test_reported_usage_skips_usage_as_a_token_text_after_the_usage_object() -> 
 
 
 def test_parsed_usage_is_the_fallback_for_other_shapes() -> None:
-    from edge.proxy import parsed_usage
+    from edge.usage import parsed_usage
 
     assert parsed_usage(b'{"usage": {"completion_tokens": 4, "prompt_tokens": 6}}') == (6, 4)
     assert parsed_usage(b'{"usage": {"prompt_tokens": true, "completion_tokens": 1}}') is None
