@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -27,7 +26,7 @@ ENDED_AT = {BatchStatus.COMPLETED: "completed_at", BatchStatus.EXPIRED: "expired
             BatchStatus.CANCELLED: "cancelled_at", BatchStatus.FAILED: "failed_at"}
 
 
-def output_line(line: BatchLine) -> dict[str, Any]:
+def output_line(line: BatchLine) -> dict[str, object]:
     """One line of the output or error file: OpenAI's `batch_req` object."""
     response = None
     if line.response_status is not None and line.result is not None:
@@ -38,7 +37,7 @@ def output_line(line: BatchLine) -> dict[str, Any]:
             "error": None if line.state == LineState.DONE else line.error}
 
 
-def jsonl(rows: Iterable[dict[str, Any]]) -> bytes:
+def jsonl(rows: Iterable[dict[str, object]]) -> bytes:
     return b"".join(json.dumps(row, separators=(",", ":")).encode() + b"\n" for row in rows)
 
 
