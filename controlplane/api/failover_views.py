@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -12,6 +14,7 @@ from controlplane.api.base import TenantScopedViewSet
 from controlplane.api.fields import RegionKeyField
 from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
+from controlplane.core.services import principal_for
 from controlplane.failover import services
 from controlplane.failover.models import Incident, RegionHealth
 from controlplane.failover.timeline import missing as missing_stages
@@ -44,12 +47,31 @@ class DrillRequest(StrictSerializer):
 
 
 class RegionHealthSerializer(serializers.ModelSerializer):
+    """A region's state is for everyone (a status page); what it was derived from counts every
+    tenant's replicas there, so `reason`, `serving` and `failing` are platform data: tenant
+    users get them empty and null."""
+
     region = RegionKeyField(read_only=True)
+    reason = serializers.CharField(read_only=True, help_text=(
+        "Why the region is in its state, in words: platform staff only (empty for tenant "
+        "users)."))
+    serving = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "Replicas of every tenant serving there: platform staff only (null for tenant users)."))
+    failing = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "Replicas of every tenant failing there: platform staff only (null for tenant users)."))
+    PLATFORM_FIELDS = {"reason": "", "serving": None, "failing": None}
 
     class Meta:
         model = RegionHealth
         fields = ["region", "state", "reason", "serving", "failing", "changed_at", "checked_at"]
         read_only_fields = fields
+
+    def to_representation(self, instance: RegionHealth) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is not None and not principal_for(request.user).is_platform:
+            data.update(self.PLATFORM_FIELDS)
+        return data
 
 
 class IncidentViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -81,7 +103,8 @@ class IncidentViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retriev
 
 
 class RegionHealthViewSet(TenantScopedViewSet, mixins.ListModelMixin, viewsets.GenericViewSet):
-    """Each region's health as the failover loop last derived it."""
+    """Each region's health as the failover loop last derived it; its counts and reason are
+    for platform staff (RegionHealthSerializer)."""
 
     queryset = RegionHealth.objects.select_related("region__cloud")
     serializer_class = RegionHealthSerializer

@@ -114,3 +114,24 @@ def test_replica_table_hides_endpoints_from_tenants(world, client):  # type: ign
     assert "connect to [address hidden] refused" in tenant
     staff = _signed_in(client, world, None).get(url).content.decode()
     assert "http://10.77.0." in staff
+
+
+def test_region_health_counts_are_platform_data(world, make_client):  # type: ignore[no-untyped-def]
+    from django.utils import timezone
+
+    from controlplane.failover.models import Health, RegionHealth
+
+    region = world["rows"]["deployments.Replica"][0].region
+    now = timezone.now()
+    RegionHealth.objects.update_or_create(region=region, defaults={
+        "state": Health.DEGRADED, "reason": "1 of 3 replicas failing (r-7 of globex)",
+        "serving": 2, "failing": 1, "changed_at": now, "checked_at": now})
+    for role in (Role.VIEWER, Role.ADMIN):
+        rows = make_client(role, world["acme"]).get("/api/v1/region-health/").json()["results"]
+        [row] = [r for r in rows if r["region"] == region.key]
+        assert row["state"] == "degraded"  # the state is for everyone
+        assert (row["reason"], row["serving"], row["failing"]) == ("", None, None)
+    staff = make_client(Role.VIEWER).get("/api/v1/region-health/").json()["results"]
+    [row] = [r for r in staff if r["region"] == region.key]
+    assert (row["reason"], row["serving"], row["failing"]) == (
+        "1 of 3 replicas failing (r-7 of globex)", 2, 1)
