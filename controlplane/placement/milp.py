@@ -75,77 +75,48 @@ class Rows:
         self.upper.append(hi)
 
 
+class Columns:
+    """The model's variables: cost, bounds, integrality and a starting value each."""
+
+    def __init__(self) -> None:
+        self.cost: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[bool] = []
+        self.start: list[float] = []
+
+    def add(self, c: float, lo: float, hi: float, is_int: bool, value: float = 0.0) -> int:
+        self.cost.append(c)
+        self.lower.append(lo)
+        self.upper.append(hi)
+        self.integer.append(is_int)
+        self.start.append(value)
+        return len(self.cost) - 1
+
+
 def build(blocks: list[Block], quota: Mapping[Pool, int], move_penalty: float,
           relax: frozenset[str] = frozenset()) -> Milp:
     """The MILP over `blocks`, bound together by the quota of the pools in `quota` (others
     are left free). `relax` names constraint groups to leave out, for explanations."""
     rows = Rows()
-    cost: list[float] = []
-    lower: list[float] = []
-    upper: list[float] = []
-    integer: list[bool] = []
+    columns = Columns()
     removal_cols: list[tuple[int, int]] = []
     shortfall_cols: list[tuple[int, Pool]] = []
-    start: list[float] = []
     starting = bool(blocks) and all(b.start is not None for b in blocks)
-
-    def column(c: float, lo: float, hi: float, is_int: bool, value: float = 0.0) -> int:
-        cost.append(c)
-        lower.append(lo)
-        upper.append(hi)
-        integer.append(is_int)
-        start.append(value)
-        return len(cost) - 1
-
     pools: dict[Pool, list[tuple[int, int]]] = defaultdict(list)
     for b_index, b in enumerate(blocks):
-        d = b.d
-        b.first_col = len(cost)
-        top = d.max_replicas if "max_replicas" not in relax else 10**6
+        b.first_col = len(columns.cost)
+        top = b.d.max_replicas if "max_replicas" not in relax else 10**6
         given = b.start or {}
-        cols = [column(c.usd_h, 0.0, float(top), True, float(given.get(j, 0)))
+        cols = [columns.add(c.usd_h, 0.0, float(top), True, float(given.get(j, 0)))
                 for j, c in enumerate(b.cands)]
         for col, c in zip(cols, b.cands, strict=True):
             pools[c.pool].append((col, c.gpus))
-        need = d.required_tokens_per_s if "demand" not in relax else 0.0
-        low = d.min_replicas if "min_replicas" not in relax else 0
-        if need > 0 and cols:
-            rows.add(((col, c.rate) for col, c in zip(cols, b.cands, strict=True)), need,
-                     math.inf)
-            # Σx ≥ ⌈need / fastest⌉ holds for every integer plan and tightens the relaxation.
-            low = max(low, math.ceil(need / max(c.rate for c in b.cands) - 1e-9))
-        if cols:
-            rows.add(((col, 1.0) for col in cols), float(low), float(top))
-        elif low > 0:
-            rows.add((), float(low), math.inf)  # nothing may run, yet something must
-        f = d.max_spot_fraction
-        if f < 1 and "spot" not in relax and any(c.spot for c in b.cands):
-            rows.add(((col, (1 - f) if c.spot else -f)
-                      for col, c in zip(cols, b.cands, strict=True)), -math.inf, 0.0)
-        if d.must_run:
-            for attr, k, name in (("region", d.spread_regions, "spread_regions"),
-                                  ("cloud", d.spread_clouds, "spread_clouds")):
-                if k <= 1 or name in relax:
-                    continue
-                members: dict[str, list[int]] = defaultdict(list)
-                for col, c in zip(cols, b.cands, strict=True):
-                    members[getattr(c.offer, attr)].append(col)
-                used = [column(0.0, 0.0, 1.0, True,
-                               float(any(start[col] > 0 for col in group)))
-                        for group in members.values()]
-                rows.add(((u, 1.0) for u in used), float(k), math.inf)
-                for u, group in zip(used, members.values(), strict=True):
-                    rows.add([(u, 1.0)] + [(col, -1.0) for col in group], -math.inf, 0.0)
-
-        index = {(c.offer.id, c.spot): col for col, c in zip(cols, b.cands, strict=True)}
-        removals = []
-        for key, count in b.running.items():
-            if key in index:
-                u = column(move_penalty, 0.0, math.inf, False,
-                           max(count - start[index[key]], 0.0))
-                removal_cols.append((u, b_index))
-                removals.append(u)
-                rows.add(((u, 1.0), (index[key], 1.0)), float(count), math.inf)
+        _add_size_rows(rows, b, cols, top, relax)
+        if b.d.must_run:
+            _add_spread_rows(rows, columns, b, cols, relax)
+        removals = _add_removals(rows, columns, b, cols, move_penalty)
+        removal_cols += [(u, b_index) for u in removals]
         if b.floor > 0:
             # No joint plan gives a deployment less than its optimum alone; stating so lifts
             # the LP bound of a joint model to the sum of those optima, which plain
@@ -153,31 +124,97 @@ def build(blocks: list[Block], quota: Mapping[Pool, int], move_penalty: float,
             rows.add([(col, c.usd_h) for col, c in zip(cols, b.cands, strict=True)]
                      + [(u, move_penalty) for u in removals], b.floor, math.inf)
     if "quota" not in relax:
-        for pool, pool_cols in pools.items():
-            limit = quota.get(pool)
-            if limit is None:
-                continue
-            if sum(upper[col] * g for col, g in pool_cols) <= limit:
-                continue  # cannot bind
-            if "quota_elastic" in relax:
-                # Every GPU over quota costs far more than any plan, so the solver uses
-                # quota first and reports the least it must exceed it by.
-                short = column(ELASTIC_USD_PER_GPU, 0.0, math.inf, False)
-                shortfall_cols.append((short, pool))
-                rows.add([(short, -1.0)] + [(col, float(g)) for col, g in pool_cols],
-                         -math.inf, float(limit))
-            elif len(pool_cols) == 1:
-                col, g = pool_cols[0]
-                upper[col] = min(upper[col], limit // g)
-            else:
-                rows.add(((col, float(g)) for col, g in pool_cols), -math.inf, float(limit))
-    n = len(cost)
+        shortfall_cols = _add_quota_rows(rows, columns, pools, quota, relax)
+    n = len(columns.cost)
     matrix = csc_matrix((rows.vals, (rows.rows, rows.cols)), shape=(len(rows.lower), n))
-    return Milp(blocks, np.array(cost, dtype=float), np.array(lower, dtype=float),
-                np.array(upper, dtype=float), np.array(integer, dtype=bool), matrix,
+    return Milp(blocks, np.array(columns.cost, dtype=float),
+                np.array(columns.lower, dtype=float), np.array(columns.upper, dtype=float),
+                np.array(columns.integer, dtype=bool), matrix,
                 np.array(rows.lower, dtype=float), np.array(rows.upper, dtype=float),
                 removal_cols, shortfall_cols,
-                np.array(start, dtype=float) if starting else None)
+                np.array(columns.start, dtype=float) if starting else None)
+
+
+def _add_size_rows(rows: Rows, b: Block, cols: list[int], top: int,
+                   relax: frozenset[str]) -> None:
+    """Demand, the replica bounds and the spot fraction of one deployment."""
+    d = b.d
+    need = d.required_tokens_per_s if "demand" not in relax else 0.0
+    low = d.min_replicas if "min_replicas" not in relax else 0
+    if need > 0 and cols:
+        rows.add(((col, c.rate) for col, c in zip(cols, b.cands, strict=True)), need,
+                 math.inf)
+        # Σx ≥ ⌈need / fastest⌉ holds for every integer plan and tightens the relaxation.
+        low = max(low, math.ceil(need / max(c.rate for c in b.cands) - 1e-9))
+    if cols:
+        rows.add(((col, 1.0) for col in cols), float(low), float(top))
+    elif low > 0:
+        rows.add((), float(low), math.inf)  # nothing may run, yet something must
+    f = d.max_spot_fraction
+    if f < 1 and "spot" not in relax and any(c.spot for c in b.cands):
+        rows.add(((col, (1 - f) if c.spot else -f)
+                  for col, c in zip(cols, b.cands, strict=True)), -math.inf, 0.0)
+
+
+def _add_spread_rows(rows: Rows, columns: Columns, b: Block, cols: list[int],
+                     relax: frozenset[str]) -> None:
+    """At least k regions (clouds) used, with a binary per region (cloud) that is 1 only
+    where the deployment runs a replica."""
+    d = b.d
+    for attr, k, name in (("region", d.spread_regions, "spread_regions"),
+                          ("cloud", d.spread_clouds, "spread_clouds")):
+        if k <= 1 or name in relax:
+            continue
+        members: dict[str, list[int]] = defaultdict(list)
+        for col, c in zip(cols, b.cands, strict=True):
+            members[getattr(c.offer, attr)].append(col)
+        used = [columns.add(0.0, 0.0, 1.0, True,
+                            float(any(columns.start[col] > 0 for col in group)))
+                for group in members.values()]
+        rows.add(((u, 1.0) for u in used), float(k), math.inf)
+        for u, group in zip(used, members.values(), strict=True):
+            rows.add([(u, 1.0)] + [(col, -1.0) for col in group], -math.inf, 0.0)
+
+
+def _add_removals(rows: Rows, columns: Columns, b: Block, cols: list[int],
+                  move_penalty: float) -> list[int]:
+    """A column per running option that counts the replicas the plan removes from it."""
+    index = {(c.offer.id, c.spot): col for col, c in zip(cols, b.cands, strict=True)}
+    removals = []
+    for key, count in b.running.items():
+        if key in index:
+            u = columns.add(move_penalty, 0.0, math.inf, False,
+                            max(count - columns.start[index[key]], 0.0))
+            removals.append(u)
+            rows.add(((u, 1.0), (index[key], 1.0)), float(count), math.inf)
+    return removals
+
+
+def _add_quota_rows(rows: Rows, columns: Columns, pools: Mapping[Pool, list[tuple[int, int]]],
+                    quota: Mapping[Pool, int], relax: frozenset[str]) -> list[tuple[int, Pool]]:
+    """GPUs per pool within its quota (or, with `quota_elastic`, over it at a price); the
+    shortfall columns of the elastic form."""
+    shortfall_cols: list[tuple[int, Pool]] = []
+    upper = columns.upper
+    for pool, pool_cols in pools.items():
+        limit = quota.get(pool)
+        if limit is None:
+            continue
+        if sum(upper[col] * g for col, g in pool_cols) <= limit:
+            continue  # cannot bind
+        if "quota_elastic" in relax:
+            # Every GPU over quota costs far more than any plan, so the solver uses
+            # quota first and reports the least it must exceed it by.
+            short = columns.add(ELASTIC_USD_PER_GPU, 0.0, math.inf, False)
+            shortfall_cols.append((short, pool))
+            rows.add([(short, -1.0)] + [(col, float(g)) for col, g in pool_cols],
+                     -math.inf, float(limit))
+        elif len(pool_cols) == 1:
+            col, g = pool_cols[0]
+            upper[col] = min(upper[col], limit // g)
+        else:
+            rows.add(((col, float(g)) for col, g in pool_cols), -math.inf, float(limit))
+    return shortfall_cols
 
 
 @dataclass

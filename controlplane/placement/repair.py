@@ -42,16 +42,10 @@ def settle_by_regret(fleet: Fleet, plans: Mapping[int, DeploymentPlan], deadline
         return dict(plans), 0
     affected = [i for i, p in plans.items()
                 if any(fleet.blocks[i].cands[j].pool in over for j in p.counts)]
-    # Regret: what each would pay more, kept off the overrun pools. Options there cannot
-    # dominate others (prune with them contested), then they are dropped.
-    away = []
-    for i in affected:
-        b = fleet.blocks[i]
-        kept = fleet.index.undominated(b.d, b.cands, over, b.running)
-        away.append(Block(b.d, [c for c in kept if c.pool not in over], b.running))
-    elsewhere, failed, timed_out, columns = solve_each(fleet, away, deadline)
-    if timed_out:
+    found = _plans_elsewhere(fleet, affected, over, deadline)
+    if found is None:
         return None
+    elsewhere, columns = found
     regret = {i: (elsewhere[i].objective - plans[i].objective) if i in elsewhere else math.inf
               for i in affected}
     left = _left_beside(quota, fleet, plans, set(affected))
@@ -60,21 +54,11 @@ def settle_by_regret(fleet: Fleet, plans: Mapping[int, DeploymentPlan], deadline
                                       if pool in over), 1) for i in affected}
     base = dict(left)
     fitted = dict(plans)
-    for i in sorted(affected, key=lambda i: (-density[i], i)):
-        need = plan_usage(fleet, i, plans[i])
-        if any(left.get(pool, math.inf) < n for pool, n in need.items()):
-            b = fleet.blocks[i]
-            tight = {c.pool for c in b.cands
-                     if left.get(c.pool, math.inf) < b.d.max_replicas * c.gpus}
-            cands = prune_dominated(b.d, b.cands, tight, frozenset(b.running))
-            one = build([Block(b.d, cands, b.running)], left, problem.move_penalty_usd_h)
-            columns += one.columns
-            out = run(one, deadline - time.perf_counter(), ALONE_GAP, small=True)
-            if out.x is None:
-                return None
-            keep_plans(fitted, fleet.blocks, one, out)
-            need = plan_usage(fleet, i, fitted[i])
-        _deduct(left, need)
+    spent = _fit_in_turn(fleet, fitted, sorted(affected, key=lambda i: (-density[i], i)), left,
+                         deadline)
+    if spent is None:
+        return None
+    columns += spent
     # The order above is a guess. Choose again, for every affected deployment at once,
     # between its plan alone, its plan off the overrun pools and its plan from the fitting:
     # a small 0-1 program whose answer is never worse than the fitting.
@@ -92,6 +76,48 @@ def settle_by_regret(fleet: Fleet, plans: Mapping[int, DeploymentPlan], deadline
     if chosen is not None:
         fitted.update(chosen)
     return fitted, columns
+
+
+def _plans_elsewhere(fleet: Fleet, affected: list[int], over: frozenset[Pool],
+                     deadline: float) -> tuple[dict[int, DeploymentPlan], int] | None:
+    """Each affected deployment's plan kept off the overrun pools (absent where it has
+    none), and the columns spent; None when the solves ran out of time.
+
+    Options on the overrun pools cannot dominate others (pruned with them contested), then
+    they are dropped."""
+    away = []
+    for i in affected:
+        b = fleet.blocks[i]
+        kept = fleet.index.undominated(b.d, b.cands, over, b.running)
+        away.append(Block(b.d, [c for c in kept if c.pool not in over], b.running))
+    elsewhere, _failed, timed_out, columns = solve_each(fleet, away, deadline)
+    if timed_out:
+        return None
+    return elsewhere, columns
+
+
+def _fit_in_turn(fleet: Fleet, fitted: dict[int, DeploymentPlan], order: list[int],
+                 left: dict[Pool, int], deadline: float) -> int | None:
+    """Each deployment in `order` keeps its plan where it still fits in `left`, else is
+    solved again against what is left; `fitted` and `left` are updated in place. The
+    columns spent, or None when one cannot be placed."""
+    columns = 0
+    for i in order:
+        need = plan_usage(fleet, i, fitted[i])
+        if any(left.get(pool, math.inf) < n for pool, n in need.items()):
+            b = fleet.blocks[i]
+            tight = {c.pool for c in b.cands
+                     if left.get(c.pool, math.inf) < b.d.max_replicas * c.gpus}
+            cands = prune_dominated(b.d, b.cands, tight, frozenset(b.running))
+            one = build([Block(b.d, cands, b.running)], left, fleet.problem.move_penalty_usd_h)
+            columns += one.columns
+            out = run(one, deadline - time.perf_counter(), ALONE_GAP, small=True)
+            if out.x is None:
+                return None
+            keep_plans(fitted, fleet.blocks, one, out)
+            need = plan_usage(fleet, i, fitted[i])
+        _deduct(left, need)
+    return columns
 
 
 def _choose_plans(fleet: Fleet, options: Mapping[int, list[DeploymentPlan]], left: Mapping[Pool, int],

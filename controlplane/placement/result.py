@@ -157,13 +157,7 @@ def _changes(problem: PlacementProblem, fleet: Fleet, plans: Mapping[int, Deploy
     used = usage(fleet, plans)
     offers = {o.id: o for o in problem.offers}
     penalty = problem.move_penalty_usd_h
-    running_gpus: dict[tuple[str, str], int] = {}
-    for block in fleet.blocks.values():
-        gpus_of = {(c.offer.id, c.spot): c for c in block.cands}
-        for key, n in block.running.items():
-            if key in gpus_of:
-                pool = gpus_of[key].pool
-                running_gpus[pool] = running_gpus.get(pool, 0) + gpus_of[key].gpus * n
+    running_gpus = _running_gpus(fleet)
     changes: list[Change] = []
     for d in problem.deployments:
         b = fleet.blocks[d.id]
@@ -201,14 +195,34 @@ def _changes(problem: PlacementProblem, fleet: Fleet, plans: Mapping[int, Deploy
                         penalty, pool_over_quota=running_gpus.get(o.pool, 0)
                         > problem.quota.get(o.pool, running_gpus.get(o.pool, 0))),
                     o.region, o.gpu.name))
-        for e, why in forced:
-            forced_offer = offers.get(e.offer_id)
-            changes.append(Change(
-                d.id, e.offer_id, e.spot, "remove", e.count,
-                -e.count * _running_price(e, forced_offer, d, fleet),
-                f"{e.count} × in "
-                f"{forced_offer.region if forced_offer else f'offer {e.offer_id}'}: {why}",
-                forced_offer.region if forced_offer else "",
-                forced_offer.gpu.name if forced_offer else ""))
+        changes += _forced_changes(d, forced, offers, fleet)
+    return changes
+
+
+def _running_gpus(fleet: Fleet) -> dict[tuple[str, str], int]:
+    """GPUs per pool that the fleet's deployments run today on their options."""
+    running_gpus: dict[tuple[str, str], int] = {}
+    for block in fleet.blocks.values():
+        gpus_of = {(c.offer.id, c.spot): c for c in block.cands}
+        for key, n in block.running.items():
+            if key in gpus_of:
+                pool = gpus_of[key].pool
+                running_gpus[pool] = running_gpus.get(pool, 0) + gpus_of[key].gpus * n
+    return running_gpus
+
+
+def _forced_changes(d: DeploymentRequest, forced: list[tuple[ExistingReplica, str]],
+                    offers: Mapping[int, OfferOption], fleet: Fleet) -> list[Change]:
+    """The removals of replicas that may not stay where they run, each with its reason."""
+    changes = []
+    for e, why in forced:
+        forced_offer = offers.get(e.offer_id)
+        changes.append(Change(
+            d.id, e.offer_id, e.spot, "remove", e.count,
+            -e.count * _running_price(e, forced_offer, d, fleet),
+            f"{e.count} × in "
+            f"{forced_offer.region if forced_offer else f'offer {e.offer_id}'}: {why}",
+            forced_offer.region if forced_offer else "",
+            forced_offer.gpu.name if forced_offer else ""))
     return changes
 

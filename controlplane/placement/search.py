@@ -9,7 +9,8 @@ together overrun a pool, the deployments on it are solved jointly, still against
 quota, and the set grows until the plans fit. Each step solves a relaxation of the fleet
 problem, so its bound is a lower bound on every plan. Alongside, a plan that fits is kept:
 first the plans alone settled by regret (who loses most by leaving an overrun pool keeps it,
-`repair.py`), then each round's joint plans mended the same way and combined with it. The
+`repair.py`), then each round's joint plans mended the same way and combined with it
+(`generation.py`). The
 search ends as soon as that plan is within the gap asked for of the bound, and every joint
 solve starts from it, so HiGHS begins with an incumbent. Infeasibility is explained in words
 (`explain.py`); a result is a whole plan or none (`result.py`).
@@ -20,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from controlplane.placement import explain
-from controlplane.placement.fleet import DeploymentPlan, Fleet, keep_plans, solve_alone, usage
-from controlplane.placement.milp import Block, Outcome, build, plans_from, run
-from controlplane.placement.problem import PlacementProblem, Pool
+from controlplane.placement.fleet import Fleet, solve_alone
+from controlplane.placement.generation import ConstraintGeneration, Refusal
+from controlplane.placement.milp import build, plans_from, run
+from controlplane.placement.problem import PlacementProblem
 from controlplane.placement.repair import settle_by_regret
 from controlplane.placement.result import PlacementResult, build_result, no_plan
 
@@ -36,7 +37,6 @@ def solve(problem: PlacementProblem) -> PlacementResult:
     started = time.perf_counter()
     deadline = started + problem.time_limit_s
     fleet = Fleet.prepare(problem)
-    quota = problem.quota
     diagnose = _diagnose_runner(fleet, deadline)
     static = explain.precheck(problem, fleet.blocks, fleet.index)
     if static:
@@ -66,75 +66,16 @@ def solve(problem: PlacementProblem) -> PlacementResult:
             return build_result(problem, fleet, fitted, "optimal", alone_bound, variables,
                                 len([i for i in fitted if fitted[i] is not plans[i]]), started)
 
-    # Constraint generation: quota rows only for pools that some plan overran, joint solves
-    # only for the deployments whose plans did. Each round solves a relaxation of the fleet
-    # problem (rows and couplings left out), so its bound holds for every plan. The plans of
-    # a round that still overrun a pool are mended by regret into a plan that fits, which
-    # ends the search as soon as it is within the gap of that bound, and each joint solve
-    # starts from the best plan that fits so far.
-    alone = {i: p.bound for i, p in plans.items()}
-    best = settled[0] if settled is not None else None
-    contested: set[Pool] = set()
-    coupled: set[int] = set()
-    joint: dict[tuple[frozenset[int], frozenset[Pool]], Outcome] = {}
-
-    def fleet_bound() -> float:
-        solved = {i for part in joint for i in part[0]}
-        found = sum(b for i, b in alone.items() if i not in solved)
-        found += sum(o.bound for o in joint.values()) + fleet.forced_penalty(plans)
-        return max(found, alone_bound)
-
-    def objective(these: Mapping[int, DeploymentPlan] | None) -> float:
-        if these is None:
-            return math.inf
-        return sum(p.objective for p in these.values()) + fleet.forced_penalty(these)
-
-    rounds = 0
-    close = False
-    while True:
-        used = usage(fleet, plans)
-        over = {pool for pool, n in used.items() if n > quota.get(pool, math.inf)}
-        if joint:
-            mended: Mapping[int, DeploymentPlan] | None = dict(plans)
-            if over:
-                again = settle_by_regret(fleet, plans, deadline, best)
-                mended = again[0] if again is not None else None
-                variables += again[1] if again is not None else 0
-            if objective(mended) < objective(best):
-                best = dict(mended)  # type: ignore[arg-type]
-            bound = fleet_bound()
-            close = objective(best) - bound <= problem.mip_rel_gap * bound + 1e-9
-            if close:
-                break
-        if over:
-            contested |= over
-            coupled |= {i for i, p in plans.items()
-                        if any(fleet.blocks[i].cands[j].pool in over for j in p.counts)}
-        elif rounds > 0:
-            break
-        rounds = rounds + 1 if not over else 0  # one tightening round once the plans fit
-        parts = _components(fleet, coupled, contested)
-        coupled_floor = sum(floors[i] for i in coupled) or 1.0
-        joint = {part: joint[part] for part in parts if part in joint}
-        for part in _worst_first(parts, joint, over):
-            share = max(budget, 0.0) * sum(floors[i] for i in part[0]) / coupled_floor
-            if part in joint and joint[part].objective - joint[part].bound <= share + 1e-9:
-                continue
-            out = _solve_part(fleet, part, floors, share, deadline, best)
-            variables += out.columns
-            if out.status == "infeasible":
-                return no_plan(problem, fleet, explain.infeasible(
-                    problem, fleet.blocks, sorted(part[0]), diagnose), started)
-            if out.x is None:
-                if part in joint:  # the earlier plan for this part still stands
-                    continue
-                return no_plan(problem, fleet, [_timeout(problem, len(part[0]))], started)
-            joint[part] = out
-            keep_plans(plans, fleet.blocks, out.model, out)  # type: ignore[arg-type]
-
-    assert best is not None  # the loop ends on a plan that fits
-    return build_result(problem, fleet, best, "optimal" if close else "feasible", fleet_bound(),
-                        variables, len(coupled), started)
+    search = ConstraintGeneration(fleet, plans, floors, alone_bound, budget, deadline,
+                                  settled[0] if settled is not None else None, variables)
+    found = search.run()
+    if isinstance(found, Refusal):
+        reasons = (explain.infeasible(problem, fleet.blocks, found.ids, diagnose)
+                   if found.infeasible else [_timeout(problem, len(found.ids))])
+        return no_plan(problem, fleet, reasons, started)
+    best, close = found
+    return build_result(problem, fleet, best, "optimal" if close else "feasible",
+                        search.fleet_bound(), search.variables, len(search.coupled), started)
 
 
 def solve_placeable(problem: PlacementProblem) -> PlacementResult:
@@ -192,77 +133,9 @@ def _without(problem: PlacementProblem, fleet: Fleet, ids: set[int]) -> Placemen
         quota_gpus=quota)
 
 
-def _worst_first(parts: list[tuple[frozenset[int], frozenset[Pool]]],
-                 joint: Mapping[tuple[frozenset[int], frozenset[Pool]], Outcome],
-                 over: set[Pool]) -> list[tuple[frozenset[int], frozenset[Pool]]]:
-    """New parts first (they overrun quota), then the loosest solved ones."""
-    return sorted(parts, key=lambda part: (part in joint, -(
-        joint[part].objective - joint[part].bound) if part in joint else 0.0))
-
-
-def _solve_part(fleet: Fleet, part: tuple[frozenset[int], frozenset[Pool]],
-                floors: Mapping[int, float], abs_gap: float, deadline: float,
-                start: Mapping[int, DeploymentPlan] | None = None) -> Outcome:
-    """Deployments that contend for the quota of `part`'s pools, solved together; from
-    `start`'s plans when given (they must fit every quota)."""
-    problem = fleet.problem
-    ids, pools = sorted(part[0]), part[1]
-    blocks = []
-    for i in ids:
-        b = fleet.blocks[i]
-        cands = fleet.index.undominated(b.d, b.cands, pools, b.running)
-        given = None
-        if start is not None and i in start:
-            # The plan's options join the pruned ones: more options keep a relaxation.
-            position = {id(c): j for j, c in enumerate(cands)}
-            extra = [b.cands[j] for j in start[i].counts if id(b.cands[j]) not in position]
-            cands = cands + extra
-            position = {id(c): j for j, c in enumerate(cands)}
-            given = {position[id(b.cands[j])]: n for j, n in start[i].counts.items()}
-        blocks.append(Block(b.d, cands, b.running, floor=floors[i], start=given))
-    m = build(blocks, {pool: problem.quota[pool] for pool in pools},
-              problem.move_penalty_usd_h)
-    out = run(m, deadline - time.perf_counter(), problem.mip_rel_gap, abs_gap=abs_gap)
-    out.model = m
-    out.columns = m.columns
-    return out
-
-
 def _timeout(problem: PlacementProblem, deployments: int) -> str:
     return (f"no plan found within the {problem.time_limit_s:g} s time limit "
             f"({deployments} deployments unsolved); retry with a longer limit")
-
-
-def _components(fleet: Fleet, ids: set[int], contested: set[Pool]
-                ) -> list[tuple[frozenset[int], frozenset[Pool]]]:
-    """Split deployments into groups that share no contested pool: each group with the
-    contested pools its options reach."""
-    parent = {i: i for i in ids}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    first: dict[Pool, int] = {}
-    for i in ids:
-        for c in fleet.blocks[i].cands:
-            if c.pool not in contested:
-                continue
-            if c.pool not in first:
-                first[c.pool] = i
-                continue
-            a, b = find(first[c.pool]), find(i)
-            if a != b:
-                parent[b] = a
-    members: dict[int, set[int]] = defaultdict(set)
-    for i in ids:
-        members[find(i)].add(i)
-    pools: dict[int, set[Pool]] = defaultdict(set)
-    for pool, i in first.items():
-        pools[find(i)].add(pool)
-    return [(frozenset(group), frozenset(pools[root])) for root, group in members.items()]
 
 
 def _diagnose_runner(fleet: Fleet, deadline: float) -> explain.Feasibility:

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from controlplane.placement import search
+from controlplane.placement import generation
 from controlplane.placement.fleet import Fleet
 from controlplane.placement.milp import Block, build
 from controlplane.placement.problem import OfferOption, PlacementProblem
@@ -46,13 +46,13 @@ def contended_fleet(seed: int, mip_rel_gap: float = 0.005) -> PlacementProblem:
 @pytest.mark.parametrize("seed", [0, 1, 3, 6, 7])
 def test_contended_fleets_fit_and_their_bounds_hold(seed: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     joint_solves = []
-    real = search._solve_part
+    real = generation._solve_part
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         joint_solves.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(search, "_solve_part", counted)
+    monkeypatch.setattr(generation, "_solve_part", counted)
     problem = contended_fleet(seed)
     result = solve(problem)
     assert joint_solves  # quota binds: not settled from the plans alone
