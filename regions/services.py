@@ -115,14 +115,52 @@ def load_catalog(data: dict[str, Any]) -> LoadReport:
     report = LoadReport()
     observed_at = catalog_observed_at(data)
     source = f"catalog:{data['as_of']}"
+    jurisdictions = _load_jurisdictions(data["jurisdictions"], report)
+    clouds = _load_clouds(data["clouds"], report)
+    regions = _load_regions(data["regions"], clouds, jurisdictions, report)
+    gpus = _load_gpu_types(data["gpu_types"], report)
+    for i, entry in enumerate(data["offers"]):
+        where = f"offers[{i}]"
+        _require(entry, where, "cloud", "region", "gpu", "gpus_per_node", "on_demand_usd_h")
+        region, gpu = _region_and_gpu(regions, gpus, entry, where)
+        on_demand = _money(entry["on_demand_usd_h"], where)
+        spot = _money(entry.get("spot_usd_h"), where)
+        if spot is not None and on_demand is not None and spot > on_demand:
+            raise CatalogError(f"{where}: spot_usd_h {spot} is above on_demand_usd_h {on_demand}")
+        upsert(
+            Offer,
+            {"region": region, "gpu_type": gpu, "gpus_per_node": int(entry["gpus_per_node"]),
+             "instance_type": entry.get("instance_type", "")},
+            {"on_demand_usd_h": on_demand, "spot_usd_h": spot, "source": source,
+             "observed_at": observed_at},
+            report, "offers",
+        )
+    for i, entry in enumerate(data.get("quotas", [])):
+        where = f"quotas[{i}]"
+        _require(entry, where, "cloud", "region", "gpu", "limit_gpus")
+        region, gpu = _region_and_gpu(regions, gpus, entry, where)
+        upsert(
+            Quota, {"region": region, "gpu_type": gpu},
+            {"limit_gpus": int(entry["limit_gpus"]), "source": source, "observed_at": observed_at},
+            report, "quotas",
+        )
+    return report
+
+
+def _load_jurisdictions(entries: list[dict[str, Any]], report: LoadReport
+                        ) -> dict[str, Jurisdiction]:
     jurisdictions = {}
-    for i, entry in enumerate(data["jurisdictions"]):
+    for i, entry in enumerate(entries):
         _require(entry, f"jurisdictions[{i}]", "code", "name")
         jurisdictions[entry["code"]] = upsert(
             Jurisdiction, {"code": entry["code"]}, {"name": entry["name"]}, report, "jurisdictions"
         )
+    return jurisdictions
+
+
+def _load_clouds(entries: list[dict[str, Any]], report: LoadReport) -> dict[str, Cloud]:
     clouds = {}
-    for i, entry in enumerate(data["clouds"]):
+    for i, entry in enumerate(entries):
         _require(entry, f"clouds[{i}]", "name", "display_name")
         clouds[entry["name"]] = upsert(
             Cloud, {"name": entry["name"]},
@@ -130,8 +168,14 @@ def load_catalog(data: dict[str, Any]) -> LoadReport:
              "skypilot_name": entry.get("skypilot_name", "")},
             report, "clouds",
         )
+    return clouds
+
+
+def _load_regions(entries: list[dict[str, Any]], clouds: dict[str, Cloud],
+                  jurisdictions: dict[str, Jurisdiction], report: LoadReport
+                  ) -> dict[tuple[str, str], Region]:
     regions = {}
-    for i, entry in enumerate(data["regions"]):
+    for i, entry in enumerate(entries):
         where = f"regions[{i}]"
         _require(entry, where, "cloud", "code", "latitude", "longitude", "country", "jurisdiction")
         if entry["cloud"] not in clouds:
@@ -149,8 +193,12 @@ def load_catalog(data: dict[str, Any]) -> LoadReport:
             },
             report, "regions",
         )
+    return regions
+
+
+def _load_gpu_types(entries: list[dict[str, Any]], report: LoadReport) -> dict[str, GpuType]:
     gpus = {}
-    for i, entry in enumerate(data["gpu_types"]):
+    for i, entry in enumerate(entries):
         _require(entry, f"gpu_types[{i}]", "name", "memory_gib", "memory_bandwidth_gbps")
         gpus[entry["name"]] = upsert(
             GpuType, {"name": entry["name"]},
@@ -164,42 +212,18 @@ def load_catalog(data: dict[str, Any]) -> LoadReport:
             },
             report, "gpu_types",
         )
+    return gpus
 
-    def region_and_gpu(entry: dict[str, Any], where: str) -> tuple[Region, GpuType]:
-        region = regions.get((entry["cloud"], entry["region"]))
-        if region is None:
-            raise CatalogError(f"{where}: unknown region {entry['cloud']}:{entry['region']}")
-        gpu = gpus.get(entry["gpu"])
-        if gpu is None:
-            raise CatalogError(f"{where}: unknown GPU type {entry['gpu']!r}")
-        return region, gpu
 
-    for i, entry in enumerate(data["offers"]):
-        where = f"offers[{i}]"
-        _require(entry, where, "cloud", "region", "gpu", "gpus_per_node", "on_demand_usd_h")
-        region, gpu = region_and_gpu(entry, where)
-        on_demand = _money(entry["on_demand_usd_h"], where)
-        spot = _money(entry.get("spot_usd_h"), where)
-        if spot is not None and on_demand is not None and spot > on_demand:
-            raise CatalogError(f"{where}: spot_usd_h {spot} is above on_demand_usd_h {on_demand}")
-        upsert(
-            Offer,
-            {"region": region, "gpu_type": gpu, "gpus_per_node": int(entry["gpus_per_node"]),
-             "instance_type": entry.get("instance_type", "")},
-            {"on_demand_usd_h": on_demand, "spot_usd_h": spot, "source": source,
-             "observed_at": observed_at},
-            report, "offers",
-        )
-    for i, entry in enumerate(data.get("quotas", [])):
-        where = f"quotas[{i}]"
-        _require(entry, where, "cloud", "region", "gpu", "limit_gpus")
-        region, gpu = region_and_gpu(entry, where)
-        upsert(
-            Quota, {"region": region, "gpu_type": gpu},
-            {"limit_gpus": int(entry["limit_gpus"]), "source": source, "observed_at": observed_at},
-            report, "quotas",
-        )
-    return report
+def _region_and_gpu(regions: dict[tuple[str, str], Region], gpus: dict[str, GpuType],
+                    entry: dict[str, Any], where: str) -> tuple[Region, GpuType]:
+    region = regions.get((entry["cloud"], entry["region"]))
+    if region is None:
+        raise CatalogError(f"{where}: unknown region {entry['cloud']}:{entry['region']}")
+    gpu = gpus.get(entry["gpu"])
+    if gpu is None:
+        raise CatalogError(f"{where}: unknown GPU type {entry['gpu']!r}")
+    return region, gpu
 
 
 @dataclass(frozen=True)
