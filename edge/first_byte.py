@@ -35,7 +35,8 @@ import time
 from edge.background import stop_task
 from edge.exchange import Exchange
 from edge.next_replica import another_replica_may_take_it
-from edge.upstream import UpstreamError, UpstreamPool
+from edge.upstream import UpstreamError
+from edge.upstream_pool import UpstreamPool
 
 log = logging.getLogger("meridian.edge.first_byte")
 

@@ -1,4 +1,4 @@
-"""The edge's HTTP/1.1 server: an asyncio.Protocol over httptools' C parser.
+"""The edge's HTTP/1.1 connections: an asyncio.Protocol over httptools' C parser.
 
 Written for the hot path rather than taken from a framework: one parse per read, a response
 head built from pre-encoded parts and sent with its body in a single write, and handlers
@@ -13,18 +13,8 @@ together; a lone request's are written at once.
 Keep-alive and pipelining (answered in order), chunked request bodies,
 `Expect: 100-continue`, limits on head and body size (431, 413), write backpressure handed
 to whatever produces the body (`set_producer`), and a close hook (`on_close`) through which a
-handler learns that the client went away.
-
-Requests whose path the server's `streamed` predicate accepts (file uploads forwarded to the
-control plane) are handed to the handler as soon as their head is read, with a `BodyStream`
-in place of the body: its bytes go to the handler as they arrive, up to `max_streamed_body`,
-and the client's reads pause while the handler says it cannot take more.
-
-Deadlines: a request must arrive whole within `request_timeout_s` (a body still trickling in
-then gets a 408 naming the limit; a head, a plain close), and a streamed body, past that
-grace, must average `min_streamed_rate` bytes a second or its handler is told to drop it and
-the client gets a 408, so a slow-loris upload frees its connection (and the control plane's
-worker behind it) within seconds of the grace.
+handler learns that the client went away. A streamed body (`edge.http_messages.BodyStream`)
+and the deadlines are described with the listener that enforces them (`edge.http_listener`).
 """
 
 from __future__ import annotations
@@ -34,14 +24,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from email.utils import formatdate
-from http import HTTPStatus
-from ssl import SSLContext
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from edge.batch import WriteBatch
+from edge.http_messages import DATE, BodyStream, Producer, Request, status_line
+
+if TYPE_CHECKING:
+    from edge.http_listener import HttpServer
 
 log = logging.getLogger("meridian.edge.http")
 
@@ -56,153 +46,6 @@ LINGER_S = 2.0
 METHODS = {m.encode(): m for m in ("GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH")}
 INTERNAL_ERROR = (b'{"error":{"message":"internal error","type":"server_error","param":null,'
                   b'"code":"internal_error"}}')
-
-
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b"Unknown"
-
-
-_STATUS_LINES: dict[int, bytes] = {}
-
-
-def status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))
-    return line
-
-
-class _DateCache:
-    """`Date:` header bytes, rebuilt once a second."""
-
-    __slots__ = ("second", "header")
-
-    def __init__(self) -> None:
-        self.second = -1
-        self.header = b""
-
-    def get(self) -> bytes:
-        now = time.time()
-        second = int(now)
-        if second != self.second:
-            self.second = second
-            self.header = b"date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
-        return self.header
-
-
-DATE = _DateCache()
-
-
-class BodyStream:
-    """A request body still arriving. The consumer gets each piece (`on_data`) and the end
-    (`on_end`); pieces that arrive before there is one are kept for it. `pause`/`resume`
-    stop and restart reading the client's socket (backpressure from a slower destination)."""
-
-    __slots__ = ("_conn", "_held", "_ended", "_on_data", "_on_end", "received", "dropping",
-                 "paused_at", "paused_s")
-
-    def __init__(self, conn: HttpConnection) -> None:
-        self._conn = conn
-        self._held: list[bytes] = []
-        self._ended = False
-        self._on_data: Callable[[bytes], None] | None = None
-        self._on_end: Callable[[], None] | None = None
-        self.received = 0
-        self.dropping = False  # answered already: the rest is read and thrown away
-        # Time spent paused by the destination's backpressure is not the client's: it does
-        # not count against the body's deadline (`late`).
-        self.paused_at = 0.0
-        self.paused_s = 0.0
-
-    def consume(self, on_data: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
-        self._on_data = on_data
-        self._on_end = on_end
-        held, self._held = self._held, []
-        for piece in held:
-            on_data(piece)
-        if self._ended:
-            on_end()
-
-    def drop_rest(self) -> None:
-        self.dropping = True
-        self._held = []
-        self._on_data = self._on_end = None
-        self.resume()
-
-    def feed(self, data: bytes) -> None:
-        self.received += len(data)
-        if self.dropping:
-            return
-        if self._on_data is None:
-            self._held.append(data)
-        else:
-            self._on_data(data)
-
-    def end(self) -> None:
-        self._ended = True
-        if self._on_end is not None:
-            self._on_end()
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def pause(self) -> None:
-        transport = self._conn.transport
-        if transport is not None and not self._ended:
-            if not self.paused_at:
-                self.paused_at = time.monotonic()
-            transport.pause_reading()
-
-    def resume(self) -> None:
-        if self.paused_at:
-            self.paused_s += time.monotonic() - self.paused_at
-            self.paused_at = 0.0
-        transport = self._conn.transport
-        if transport is not None:
-            transport.resume_reading()
-
-    def late(self, now: float, begun_at: float, grace_s: float, min_rate: int) -> bool:
-        """Whether the client is sending this body too slowly: after `grace_s`, it must have
-        averaged at least `min_rate` bytes a second (time paused by backpressure excluded).
-        A slow-loris trickle is cut after the grace; a steady upload of any size is not."""
-        if self._ended or self.dropping or min_rate <= 0:
-            return False
-        paused = self.paused_s + (now - self.paused_at if self.paused_at else 0.0)
-        return now - begun_at - paused > grace_s + self.received / min_rate
-
-
-class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "received_at",
-                 "peer", "stream")
-
-    def __init__(self, method: str, path: str, query: str, headers: dict[bytes, bytes],
-                 body: bytes, keep_alive: bool, received_at: float, peer: str,
-                 stream: BodyStream | None = None) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers  # lower-cased names; a repeated header keeps its last value
-        self.body = body
-        self.keep_alive = keep_alive
-        self.received_at = received_at  # perf_counter() when the last body byte arrived
-        self.peer = peer
-        self.stream = stream  # the body as it arrives, for a streamed path (body is b"")
-
-
-Handler = Callable[[Request, "HttpConnection"], Coroutine[Any, Any, None] | None]
-AdmitHead = Callable[[str, str, dict[bytes, bytes]], tuple[int, str, str] | None]
-
-
-class Producer(Protocol):
-    """Something whose reading can be paused while the client's socket buffer is full."""
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
 
 
 class HttpConnection(asyncio.Protocol):
@@ -654,77 +497,3 @@ class HttpConnection(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         return not self._busy
-
-
-class HttpServer:
-    """Listens on one address and calls `handler` for each request."""
-
-    def __init__(self, handler: Handler, max_body: int = 8 * 1024 * 1024,
-                 idle_timeout_s: float = 75.0, request_timeout_s: float = 30.0,
-                 streamed: Callable[[str], bool] | None = None,
-                 max_streamed_body: int = 0, admit_head: AdmitHead | None = None,
-                 min_streamed_rate: int = 0) -> None:
-        self.handler = handler
-        self.max_body = max_body
-        # Called with (method, path, headers) once a head is read, before its body: a
-        # (status, code, message) refuses the request unread (the admin API's auth check).
-        self.admit_head = admit_head
-        # Paths whose bodies are handed over as they arrive, up to max_streamed_body bytes,
-        # at least min_streamed_rate bytes a second once request_timeout_s has passed.
-        self.streamed = streamed
-        self.max_streamed_body = max_streamed_body
-        self.min_streamed_rate = min_streamed_rate
-        self.idle_timeout_s = idle_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.connections: set[HttpConnection] = set()
-        self.busy: set[HttpConnection] = set()  # answering a request
-        self.batch = WriteBatch()
-        self.closing = False
-        self._server: asyncio.base_events.Server | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-
-    async def listen(self, host: str, port: int, ssl: SSLContext | None = None,
-                     backlog: int = 1024) -> int:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: HttpConnection(self), host, port, ssl=ssl, backlog=backlog,
-            reuse_address=True,
-        )
-        self._sweeper = loop.create_task(self._sweep_idle())
-        server: Any = self._server  # uvloop's `sockets` is a list, not the stubs' tuple
-        return int(server.sockets[0].getsockname()[1])
-
-    async def _sweep_idle(self) -> None:
-        # Keep-alive connections left idle, requests that take too long to arrive (a client
-        # trickling its head or body) and streamed bodies arriving too slowly are ended
-        # here, once a second at most.
-        grace_s, min_rate = self.request_timeout_s, self.min_streamed_rate
-        while True:
-            await asyncio.sleep(min(1.0, self.idle_timeout_s, self.request_timeout_s))
-            now = time.monotonic()
-            idle_cutoff = now - self.idle_timeout_s
-            slow_cutoff = now - self.request_timeout_s
-            for conn in list(self.connections):
-                if conn.idle:
-                    if 0 < conn.request_begun_at < slow_cutoff:
-                        conn.request_late(self.request_timeout_s)
-                    elif conn.last_active < idle_cutoff:
-                        conn.close()
-                elif conn.streamed_body_late(now, grace_s, min_rate):
-                    conn.end_late_body(grace_s, min_rate)
-
-    async def close(self) -> None:
-        """Stop listening and close idle connections; busy ones close after their response."""
-        self.closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        if self._server is not None:
-            self._server.close()
-            for conn in list(self.connections):
-                if conn.idle:
-                    conn.close()
-            await self._server.wait_closed()
-
-    def abort_all(self) -> None:
-        for conn in list(self.connections):
-            conn.abort()

@@ -17,9 +17,10 @@ from edge import errors
 from edge.cache_salt import client_salt_problem
 from edge.errors import ClientError
 from edge.httpserver import Request
-from edge.policy import CandidateSet, RouteRequest
+from edge.policy import CandidateSet
 from edge.prefix import block_keys, chat_prompt_text
 from edge.ratelimit import limit_key
+from edge.scoring import RouteRequest
 from edge.table import RoutingTable, TenantRules
 
 if TYPE_CHECKING:

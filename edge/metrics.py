@@ -172,6 +172,10 @@ class EdgeMetrics:
         self.overhead = r.add(Histogram(
             "meridian_edge_added_latency_seconds", "Time the edge itself spent on a request: "
             "arrival to upstream send, plus upstream response head to client write."))
+        self._add_edge_metrics(r)
+
+    def _add_edge_metrics(self, r: Registry) -> None:
+        """The edge's own state: its table, refusals, failures and waits."""
         self.table_version = r.add(Gauge(
             "meridian_edge_table_version", "Version of the routing table being served."))
         self.table_rejections = r.add(Counter(

@@ -39,9 +39,11 @@ GROUP_MODULE = "_native__mypyc"
 # Every module a request passes through, and the edge itself (its attributes are read on
 # every request); the admin API, table pulls, keys and the command line stay interpreted.
 COMPILED = (
-    "accounting", "admission", "answer", "batch", "batch_forward", "cache_salt", "client_api",
-    "errors", "exchange", "health", "httpserver", "intake", "logs", "metrics", "next_replica",
-    "policy", "prefix", "ratelimit", "resume", "server", "state", "table", "upstream", "usage",
+    "accounting", "admission", "answer", "batch", "batch_forward", "cache_salt",
+    "client_api", "errors", "exchange", "health", "http_listener", "http_messages",
+    "httpserver", "intake", "logs", "metrics", "next_replica", "policy", "prefix",
+    "ratelimit", "resume", "scoring", "server", "state", "table", "table_fields",
+    "table_types", "upstream", "upstream_pool", "usage",
 )
 EXTENSION_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 

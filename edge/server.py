@@ -33,7 +33,7 @@ from edge.batch_forward import forwarded
 from edge.client_api import ClientApi
 from edge.first_byte import FirstByteWatch
 from edge.health import Prober, ReplicaStats, record_failure, record_success
-from edge.httpserver import HttpServer
+from edge.http_listener import HttpServer
 from edge.logs import AccessLog
 from edge.metrics import EdgeMetrics, Gauge, Labels
 from edge.policy import CandidateSet, PickerState
@@ -52,7 +52,7 @@ from edge.table import (
     save_last_known_good,
     verified_document,
 )
-from edge.upstream import UpstreamPool
+from edge.upstream_pool import UpstreamPool
 from edge.upstream_tls import UpstreamTLS
 
 log = logging.getLogger("meridian.edge")

@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 from edge.batch_forward import forwarded
-from edge.httpserver import HttpConnection, HttpServer, Request
+from edge.http_listener import HttpServer
+from edge.httpserver import HttpConnection, Request
 from edge.logs import ACCESS_LOGGER, AccessLog, configure
 from edge.usage import USAGE_WINDOW_BYTES, reported_usage
 
