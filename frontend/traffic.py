@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from controlplane.core.services import Principal
 from controlplane.deployments.lifecycle import SERVING_STATES
+from controlplane.telemetry import windows
 from controlplane.telemetry.edge_metrics import traffic_by_model
-from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
+from controlplane.telemetry.histograms import histogram_quantile
 from controlplane.telemetry.models import ReplicaSample
 from controlplane.telemetry.services import newest_edge_requests
 
@@ -50,20 +51,18 @@ class Interval:
     itl: Mapping[str, float]
 
 
-def _counter_delta(newer: Mapping[str, float], older: Mapping[str, float], key: str) -> float:
-    delta = newer.get(key, 0.0) - older.get(key, 0.0)
-    return newer.get(key, 0.0) if delta < 0 else delta  # the engine restarted: count from 0
-
-
 def interval(newer: Sample, older: Sample) -> Interval | None:
+    """What the replica did between two samples; an engine restarted in between counts from
+    zero (`windows`). None when either sample is down or no time passed."""
     if not (newer.up and older.up) or newer.at <= older.at:
         return None
+    grown = windows.growth([older.counters, newer.counters], ("requests_ok", "generation_tokens"))
     return Interval(
         seconds=(newer.at - older.at).total_seconds(),
-        requests=_counter_delta(newer.counters, older.counters, "requests_ok"),
-        generation_tokens=_counter_delta(newer.counters, older.counters, "generation_tokens"),
-        ttft=bucket_delta(newer.buckets.get("ttft", {}), older.buckets.get("ttft", {})),
-        itl=bucket_delta(newer.buckets.get("itl", {}), older.buckets.get("itl", {})),
+        requests=grown.get("requests_ok", 0.0),
+        generation_tokens=grown.get("generation_tokens", 0.0),
+        ttft=windows.histogram_growth([older.buckets.get("ttft", {}), newer.buckets.get("ttft", {})]),
+        itl=windows.histogram_growth([older.buckets.get("itl", {}), newer.buckets.get("itl", {})]),
     )
 
 
@@ -93,8 +92,8 @@ def rates(intervals: Iterable[Interval]) -> Rates | None:
     if not intervals:
         return None
     return Rates(
-        requests_per_s=sum(i.requests / i.seconds for i in intervals),
-        tokens_per_s=sum(i.generation_tokens / i.seconds for i in intervals),
+        requests_per_s=sum(windows.per_second(i.requests, i.seconds) for i in intervals),
+        tokens_per_s=sum(windows.per_second(i.generation_tokens, i.seconds) for i in intervals),
         ttft_p95_ms=_ms(histogram_quantile(0.95, _merge(i.ttft for i in intervals))),
         itl_p95_ms=_ms(histogram_quantile(0.95, _merge(i.itl for i in intervals))),
     )
@@ -149,9 +148,8 @@ def fleet_now(principal: Principal, window_s: int = 60, now: datetime | None = N
     recent = ReplicaSample.objects.filter(
         at__gte=now - timedelta(seconds=window_s), replica__state__in=SERVING_STATES,
     ).visible_to(principal)
-    newest = _samples(recent.order_by("replica_id", "-at").distinct("replica_id"))
-    oldest = {s.replica_id: s for s in
-              _samples(recent.order_by("replica_id", "at").distinct("replica_id"))}
+    newest = _samples(windows.newest(recent, "replica_id"))
+    oldest = {s.replica_id: s for s in _samples(windows.oldest(recent, "replica_id"))}
     up = [s for s in newest if s.up]
     found = (interval(s, oldest[s.replica_id]) for s in up if s.replica_id in oldest)
     return FleetNow(

@@ -23,6 +23,7 @@ by `core.money`, as on the costs API and the pages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -37,6 +38,7 @@ from controlplane.core import money
 from controlplane.costs.services import usd_per_mtok, window_costs
 from controlplane.deployments.models import Replica
 from controlplane.telemetry.models import ReplicaSample
+from controlplane.telemetry.windows import Reading, from_start, growth
 
 # How far before a window's start a sample may be to count as the replica's counters then.
 SAMPLE_SLACK = timedelta(minutes=2)
@@ -59,21 +61,12 @@ class WindowCost:
         return usd_per_mtok(self.usd, self.tokens)
 
 
-def counter_growth(samples: list[tuple[datetime, dict[str, float]]], keys: tuple[str, ...],
-                   from_zero: bool) -> int:
-    """How much a replica's counters grew over its samples in time order; an engine that
-    restarted counts again from zero. `from_zero`: the replica began inside the window, so
-    its first sample's counts were all served in it. Pure."""
-    if not samples:
-        return 0
-    total = 0.0
-    previous = {k: 0.0 for k in keys} if from_zero else samples[0][1]
-    for _, counters in samples:
-        for key in keys:
-            now, before = float(counters.get(key, 0.0)), float(previous.get(key, 0.0))
-            total += now - before if now >= before else now
-        previous = counters
-    return int(total)
+def counter_growth(samples: Sequence[Reading], keys: tuple[str, ...], from_zero: bool) -> int:
+    """How much a replica's counters grew over its samples in time order, summed over
+    `keys`; an engine that restarted counts again from zero (`windows.growth`).
+    `from_zero`: the replica began inside the window, so its first sample's counts were all
+    served in it. Pure."""
+    return int(sum(growth([counters for _, counters in samples], keys, from_zero).values()))
 
 
 def served_tokens(model: str, start: datetime, end: datetime) -> int:
@@ -88,14 +81,11 @@ def served_tokens(model: str, start: datetime, end: datetime) -> int:
     rows = (ReplicaSample.objects.filter(replica_id__in=replicas, up=True,
                                          at__gte=start - SAMPLE_SLACK, at__lte=end)
             .order_by("replica_id", "at").values_list("replica_id", "at", "counters"))
-    by_replica: dict[int, list[tuple[datetime, dict[str, float]]]] = {}
+    by_replica: dict[int, list[Reading]] = {}
     for replica_id, at, counters in rows:
-        samples = by_replica.setdefault(replica_id, [])
-        if at <= start and samples:
-            samples[0] = (at, counters)  # only the latest sample at or before the start
-        else:
-            samples.append((at, counters))
-    return sum(counter_growth(samples, ("prompt_tokens", "generation_tokens"),
+        by_replica.setdefault(replica_id, []).append((at, counters))
+    # Per replica, its newest sample at or before the start, then the ones inside the window.
+    return sum(counter_growth(from_start(samples, start), ("prompt_tokens", "generation_tokens"),
                               from_zero=replicas[rid] >= start)
                for rid, samples in by_replica.items())
 

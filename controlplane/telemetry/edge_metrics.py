@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.telemetry.windows import growth
+
 REQUEST_LABELS = ("model", "region", "tenant", "status")
 TOKEN_LABELS = ("model", "region", "tenant", "kind")
 HISTOGRAMS = {
@@ -75,15 +77,9 @@ def parse_edge_metrics(text: str) -> EdgeSnapshot:
 
 def counter_delta(newer: Mapping[str, float], older: Mapping[str, float] | None
                   ) -> dict[str, float]:
-    """Per key, what a set of counters grew by; a key that shrank restarted from zero."""
-    older = older or {}
-    out = {}
-    for k, value in newer.items():
-        before = older.get(k, 0.0)
-        grown = value - before if value >= before else value
-        if grown > 0:
-            out[k] = grown
-    return out
+    """Per key, what a set of counters grew by between two scrapes (`windows.growth`); a key
+    that shrank restarted from zero, and with no older scrape all of it counts."""
+    return growth([older or {}, newer])
 
 
 def is_error_status(status: str) -> bool:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from controlplane.telemetry.windows import histogram_growth
+
 
 def bucket_delta(newer: Mapping[str, float], older: Mapping[str, float]) -> dict[str, float]:
-    """Observations that fell in each bucket between two scrapes (counter resets → newer)."""
-    if any(newer.get(le, 0.0) < older.get(le, 0.0) for le in older):
-        return dict(newer)
-    return {le: newer[le] - older.get(le, 0.0) for le in newer}
+    """Observations that fell in each bucket between two scrapes (counter resets → newer;
+    `windows.histogram_growth`)."""
+    return histogram_growth([older, newer])
 
 
 def histogram_quantile(q: float, buckets: Mapping[str, float]) -> float | None:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from controlplane.core.certificates import engine_client_context
@@ -19,8 +18,9 @@ from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.routing.models import Edge
+from controlplane.telemetry import windows
 from controlplane.telemetry.edge_metrics import counter_delta, parse_edge_metrics
-from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
+from controlplane.telemetry.histograms import histogram_quantile
 from controlplane.telemetry.models import EdgeSample, ReplicaSample
 from controlplane.telemetry.sources import PrometheusSource, ReplicaStats, scrape_all
 
@@ -70,7 +70,8 @@ def collect_edges(now: Any = None) -> list[EdgeDelta]:
     now = now or timezone.now()
     edges = dict(Edge.objects.filter(enabled=True).values_list("pk", "admin_url"))
     results = scrape_all({str(pk): url for pk, url in edges.items()}, parse=parse_edge_metrics)
-    previous = {s.edge_id: s for s in _latest_edge_samples(list(edges))}
+    previous = {s.edge_id: s for s in
+                windows.newest(EdgeSample.objects.filter(edge_id__in=list(edges)), "edge_id")}
     samples, deltas = [], []
     for key, scrape in results.items():
         snap = scrape.snapshot
@@ -98,43 +99,26 @@ def newest_edge_requests(before: Any = None, since: Any = None) -> dict[int, dic
         rows = rows.filter(at__lte=before)
     if since is not None:
         rows = rows.filter(at__gte=since)
-    return dict(rows.order_by("edge_id", "-at").distinct("edge_id")
-                .values_list("edge_id", "requests"))
-
-
-def _latest_edge_samples(edge_ids: list[int]) -> list[EdgeSample]:
-    newest = (EdgeSample.objects.filter(edge_id=OuterRef("edge_id")).order_by("-at")
-              .values("pk")[:1])
-    return list(EdgeSample.objects.filter(pk__in=Subquery(
-        EdgeSample.objects.filter(edge_id__in=edge_ids).order_by().values("edge_id")
-        .annotate(newest=Subquery(newest)).values("newest"))))
+    return dict(windows.newest(rows, "edge_id").values_list("edge_id", "requests"))
 
 
 def stats_between(newer: ReplicaSample, older: ReplicaSample | None) -> ReplicaStats:
-    """Rates and p95s over the interval between two samples of one replica. Pure."""
+    """Rates and p95s over the interval between two samples of one replica (an engine
+    restarted in between counts from zero; see `windows`). Pure."""
     if not newer.up:
         return ReplicaStats(up=False, error=newer.error)
     ttft = itl = None
     prompt_tps = generation_tps = 0.0
     if older is not None and older.up and newer.at > older.at:
-        seconds = (newer.at - older.at).total_seconds()
-        ttft = histogram_quantile(0.95, bucket_delta(newer.buckets.get("ttft", {}),
-                                                     older.buckets.get("ttft", {})))
-        itl = histogram_quantile(0.95, bucket_delta(newer.buckets.get("itl", {}),
-                                                    older.buckets.get("itl", {})))
-        prompt_tps = _rate(newer.counters, older.counters, "prompt_tokens", seconds)
-        generation_tps = _rate(newer.counters, older.counters, "generation_tokens", seconds)
+        ttft, itl = (histogram_quantile(0.95, windows.histogram_growth(
+            [older.buckets.get(name, {}), newer.buckets.get(name, {})])) for name in ("ttft", "itl"))
+        readings = [(older.at, older.counters), (newer.at, newer.counters)]
+        prompt_tps = windows.rate(readings, "prompt_tokens")
+        generation_tps = windows.rate(readings, "generation_tokens")
     return ReplicaStats(
         up=True, running=newer.running, waiting=newer.waiting, kv_usage=newer.kv_usage,
         ttft_p95_s=ttft, itl_p95_s=itl, prompt_tps=prompt_tps, generation_tps=generation_tps,
     )
-
-
-def _rate(newer: Mapping[str, float], older: Mapping[str, float], key: str, seconds: float) -> float:
-    delta = newer.get(key, 0.0) - older.get(key, 0.0)
-    if delta < 0:  # the engine restarted: count from zero
-        delta = newer.get(key, 0.0)
-    return delta / seconds if seconds > 0 else 0.0
 
 
 class DirectScrapeSource:
@@ -142,25 +126,17 @@ class DirectScrapeSource:
 
     def replica_stats(self, targets: Mapping[str, str], window_s: int) -> dict[str, ReplicaStats]:
         ids = [int(t) for t in targets]
-        latest = {s.replica_id: s for s in _latest_samples(ids)}
         cutoff = timezone.now() - timedelta(seconds=window_s)
-        older = {s.replica_id: s for s in _latest_samples(ids, before=cutoff)}
+        at_cutoff, at_end = windows.ends(ReplicaSample.objects.filter(replica_id__in=ids),
+                                         "replica_id", cutoff)
+        latest = {s.replica_id: s for s in at_end}
+        older = {s.replica_id: s for s in at_cutoff}
         stats: dict[str, ReplicaStats] = {}
         for rid in ids:
             newest = latest.get(rid)
             stats[str(rid)] = (stats_between(newest, older.get(rid)) if newest
                                else ReplicaStats(up=False, error="no sample yet"))
         return stats
-
-
-def _latest_samples(replica_ids: list[int], before: Any = None) -> list[ReplicaSample]:
-    rows = ReplicaSample.objects.filter(replica_id__in=replica_ids)
-    if before is not None:
-        rows = rows.filter(at__lte=before)
-    newest = rows.filter(replica_id=OuterRef("replica_id")).order_by("-at").values("pk")[:1]
-    return list(ReplicaSample.objects.filter(pk__in=Subquery(
-        rows.order_by().values("replica_id").annotate(newest=Subquery(newest)).values("newest")
-    )))
 
 
 def metrics_source() -> DirectScrapeSource | PrometheusSource:

@@ -39,6 +39,20 @@ def _sample(replica: Replica, at: datetime, prompt: float, generation: float) ->
                                            "generation_tokens": generation})
 
 
+@pytest.mark.django_db
+def test_served_tokens_count_an_engine_restart_inside_the_window(catalog: Any) -> None:
+    deployment = Deployment.objects.create(name="chat", served_model_name="llama-3.1-8b",
+                                           model=catalog["llama8b"])
+    replica = Replica.objects.create(deployment=deployment, region=catalog["fra"], state="ready")
+    Replica.objects.filter(pk=replica.pk).update(created_at=T0 - timedelta(hours=2))
+    _sample(replica, T0 - timedelta(minutes=1), 1000, 1000)   # the counters at the start
+    _sample(replica, T0 + timedelta(minutes=2), 1500, 1500)
+    _sample(replica, T0 + timedelta(minutes=4), 100, 100)     # the engine restarted
+    _sample(replica, T0 + timedelta(minutes=8), 400, 400)
+    # 500 + 100 + 300 of each kind; the window's ends alone (1000 → 400) would say 400 each.
+    assert served_tokens("llama-3.1-8b", T0, T0 + timedelta(minutes=10)) == 2 * 900
+
+
 @pytest.fixture
 def priced_batch(catalog: Any, tenants: Any) -> Batch:
     """A replica at $12.29/h serving 2,000 tokens in the 10 minutes before a batch and 7,000

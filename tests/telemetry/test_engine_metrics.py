@@ -73,3 +73,15 @@ def test_stats_between_two_samples():
     assert (stats.running, stats.waiting, stats.kv_usage) == (4, 1, 0.3)
     down = stats_between(ReplicaSample(at=t0, up=False, error="refused"), older)
     assert not down.up and down.error == "refused"
+
+
+def test_stats_between_count_an_engine_restarted_in_between_from_zero():
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    older = ReplicaSample(at=t0, up=True, counters={"prompt_tokens": 900, "generation_tokens": 400},
+                          buckets={"ttft": {"0.1": 3, "0.5": 8, "+Inf": 8}})
+    newer = ReplicaSample(at=t0 + timedelta(seconds=10), up=True,
+                          counters={"prompt_tokens": 300, "generation_tokens": 100},
+                          buckets={"ttft": {"0.1": 0, "0.5": 10, "+Inf": 10}})
+    stats = stats_between(newer, older)
+    assert stats.prompt_tps == 30 and stats.generation_tps == 10
+    assert stats.ttft_p95_s == pytest.approx(0.1 + 0.4 * 9.5 / 10)  # the newer buckets alone
