@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from controlplane.alerts import services
+from controlplane.alerts import services, webhook
 from controlplane.core.locks import advisory_lock
 
 WEBHOOK_RETRIES = 6  # after the first attempt: 5, 10, 20, 40, 80, 160 s apart
@@ -18,7 +18,7 @@ def evaluate() -> dict[str, Any]:
         if not acquired:
             return {"skipped": 1}
         report = services.evaluate()
-        lost = services.undelivered()
+        lost = webhook.undelivered()
     for delivery_id in dict.fromkeys(report.deliveries + lost):
         deliver_webhook.delay(delivery_id)
     return report.summary()
@@ -27,9 +27,9 @@ def evaluate() -> dict[str, Any]:
 @shared_task(name="alerts.deliver_webhook", bind=True, max_retries=WEBHOOK_RETRIES)
 def deliver_webhook(self: Any, delivery_id: int) -> dict[str, int]:
     """POST one notification; on failure retry with exponential backoff, then give up."""
-    if services.deliver(delivery_id):
+    if webhook.deliver(delivery_id):
         return {"sent": 1, "attempts": self.request.retries + 1}
     if self.request.retries >= self.max_retries:
-        services.give_up(delivery_id)
+        webhook.give_up(delivery_id)
         return {"sent": 0, "attempts": self.request.retries + 1}
     raise self.retry(countdown=min(5 * 2 ** self.request.retries, 300))

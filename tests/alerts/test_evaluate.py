@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from controlplane.alerts import services, tasks
+from controlplane.alerts import gatherers, services, tasks
 from controlplane.alerts.models import Alert, AlertCondition, AlertState, Rule, RuleSetting
 from controlplane.alerts.rules import Finding
 from controlplane.core.locks import lock_id
@@ -205,7 +205,7 @@ def test_edge_behind_alerts_after_the_grace_period(make_edge):  # type: ignore[n
     RoutingTable.objects.filter(version=6).update(created_at=t0 - timedelta(seconds=100))
     RoutingTable.objects.filter(version=7).update(created_at=t0 - timedelta(seconds=10))
 
-    lags = {lag.edge: lag for lag in services.edge_lags()}
+    lags = {lag.edge: lag for lag in gatherers.edge_lags()}
     assert set(lags) == {e.name for e in edges_behind()} == {"edge-a", "edge-c"}
     assert lags["edge-a"].behind_since == t0 - timedelta(seconds=100)  # since v6, not v7
     assert lags["edge-a"].latest_version == 7 and lags["edge-c"].acked_version is None

@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from controlplane.alerts import services, tasks
+from controlplane.alerts import services, tasks, webhook
 from controlplane.alerts.models import Alert, AlertDelivery, NotifyState
 from controlplane.core.models import AuditLog
 from controlplane.failover.models import RegionHealth
@@ -92,7 +92,7 @@ def test_a_slow_receiver_times_out(catalog, receiver, monkeypatch):  # type: ign
     receiver.hold = True  # answers only when the test ends: the timeout must end the wait
     _region(catalog, "down")
     [delivery_id] = services.evaluate().deliveries
-    assert services.deliver(delivery_id) is False
+    assert webhook.deliver(delivery_id) is False
     delivery = AlertDelivery.objects.get(pk=delivery_id)
     assert delivery.state == "pending" and delivery.attempts == 1
     assert "timed out" in delivery.last_error
@@ -104,7 +104,7 @@ def test_an_unreachable_receiver_is_recorded(catalog, monkeypatch):  # type: ign
     monkeypatch.setitem(settings.MERIDIAN, "ALERT_WEBHOOK_URL", f"http://127.0.0.1:{free_port()}/hook")
     _region(catalog, "down")
     [delivery_id] = services.evaluate().deliveries
-    assert services.deliver(delivery_id) is False
+    assert webhook.deliver(delivery_id) is False
     assert "Connection refused" in AlertDelivery.objects.get(pk=delivery_id).last_error
 
 
