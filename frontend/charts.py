@@ -71,6 +71,20 @@ TROUBLE_MIN_SIZE = 18.0
 def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> Figure:
     """Regions coloured by health and sized by their replicas (terminated ones aside);
     edges with lines to the regions their newest table routes to."""
+    data: list[dict[str, Any]] = []
+    routes = _route_trace(regions, edges)
+    if routes is not None:
+        data.append(routes)
+    if edges:
+        data.append(_edge_trace(edges))
+    # Regions are drawn after the edges, the worst last, so a diamond never hides a region
+    # and a down region sits on top of everything near it.
+    data += _region_traces(regions)
+    return {"data": data, "layout": _map_layout()}
+
+
+def _route_trace(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> Figure | None:
+    """A line from each edge to each region its newest table routes to; None without any."""
     where = {r.key: (r.longitude, r.latitude) for r in regions}
     lon: list[float | None] = []
     lat: list[float | None] = []
@@ -79,35 +93,40 @@ def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> F
             if key in where:
                 lon += [edge.longitude, where[key][0], None]
                 lat += [edge.latitude, where[key][1], None]
-    data: list[dict[str, Any]] = []
-    if lon:
-        data.append({
-            "type": "scattergeo", "mode": "lines", "name": "routes (edge → region)",
-            "lon": lon, "lat": lat, "hoverinfo": "skip",
-            "line": {"width": 1.2, "color": EDGE_COLOUR}, "opacity": 0.45,
-        })
-    if edges:
-        data.append({
-            "type": "scattergeo", "mode": "markers", "name": f"edges ({len(edges)})",
-            "lon": [e.longitude for e in edges], "lat": [e.latitude for e in edges],
-            "text": [
-                f"<b>edge {e.name}</b> · {e.region}<br>table v{e.latest_version or '–'}, "
-                f"acked v{e.acked_version or '–'} ({'in sync' if e.in_sync else 'behind'})"
-                f"<br>routes to {len(e.routes)} region(s)"
-                for e in edges
-            ],
-            "hoverinfo": "text",
-            "marker": {"symbol": "diamond", "size": 13, "color": EDGE_COLOUR,
-                       "line": {"width": 1.5, "color": "#ffffff"}},
-        })
-    # Regions are drawn after the edges, the worst last, so a diamond never hides a region
-    # and a down region sits on top of everything near it.
+    if not lon:
+        return None
+    return {
+        "type": "scattergeo", "mode": "lines", "name": "routes (edge → region)",
+        "lon": lon, "lat": lat, "hoverinfo": "skip",
+        "line": {"width": 1.2, "color": EDGE_COLOUR}, "opacity": 0.45,
+    }
+
+
+def _edge_trace(edges: Sequence[EdgeStatus]) -> Figure:
+    return {
+        "type": "scattergeo", "mode": "markers", "name": f"edges ({len(edges)})",
+        "lon": [e.longitude for e in edges], "lat": [e.latitude for e in edges],
+        "text": [
+            f"<b>edge {e.name}</b> · {e.region}<br>table v{e.latest_version or '–'}, "
+            f"acked v{e.acked_version or '–'} ({'in sync' if e.in_sync else 'behind'})"
+            f"<br>routes to {len(e.routes)} region(s)"
+            for e in edges
+        ],
+        "hoverinfo": "text",
+        "marker": {"symbol": "diamond", "size": 13, "color": EDGE_COLOUR,
+                   "line": {"width": 1.5, "color": "#ffffff"}},
+    }
+
+
+def _region_traces(regions: Sequence[RegionStatus]) -> list[Figure]:
+    """One trace per health, in DRAW_ORDER."""
+    traces = []
     for health in DRAW_ORDER:
         members = [r for r in regions if r.health == health]
         if not members:
             continue
         least = TROUBLE_MIN_SIZE if health in (DOWN, DEGRADED) else 0.0
-        data.append({
+        traces.append({
             "type": "scattergeo", "mode": "markers",
             "name": f"{health} ({len(members)})",
             "lon": [r.longitude for r in members], "lat": [r.latitude for r in members],
@@ -120,26 +139,27 @@ def world_map(regions: Sequence[RegionStatus], edges: Sequence[EdgeStatus]) -> F
                 "line": {"width": 2 if health == DOWN else 1, "color": "#ffffff"},
             },
         })
+    return traces
+
+
+def _map_layout() -> dict[str, Any]:
     return {
-        "data": data,
-        "layout": {
-            "height": 500,
-            "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
-            "paper_bgcolor": "rgba(0,0,0,0)",
-            "font": FONT,
-            "showlegend": True,
-            "legend": {"orientation": "h", "x": 0, "y": -0.02, "yanchor": "top",
-                       "bgcolor": "rgba(255,255,255,0.8)"},
-            "geo": {
-                "scope": "world", "resolution": 110,
-                "projection": {"type": "natural earth"},
-                "showframe": False, "showcoastlines": True, "coastlinecolor": "#a0aec0",
-                "showland": True, "landcolor": "#edf2f7",
-                "showocean": True, "oceancolor": "#f7fafc",
-                "showcountries": True, "countrycolor": "#cbd5e0",
-                "lataxis": {"range": [-57, 80]},
-                "bgcolor": "rgba(0,0,0,0)",
-            },
+        "height": 500,
+        "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "font": FONT,
+        "showlegend": True,
+        "legend": {"orientation": "h", "x": 0, "y": -0.02, "yanchor": "top",
+                   "bgcolor": "rgba(255,255,255,0.8)"},
+        "geo": {
+            "scope": "world", "resolution": 110,
+            "projection": {"type": "natural earth"},
+            "showframe": False, "showcoastlines": True, "coastlinecolor": "#a0aec0",
+            "showland": True, "landcolor": "#edf2f7",
+            "showocean": True, "oceancolor": "#f7fafc",
+            "showcountries": True, "countrycolor": "#cbd5e0",
+            "lataxis": {"range": [-57, 80]},
+            "bgcolor": "rgba(0,0,0,0)",
         },
     }
 
