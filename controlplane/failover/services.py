@@ -546,8 +546,7 @@ def region_by_key(key: str) -> Region:
 
 def drillable() -> Any:
     """Replicas a drill would kill: live local ones not already draining."""
-    return Replica.objects.filter(state__in=LIVE_STATES, provider="local",
-                                  region__cloud__name="local").exclude(state=S.DRAINING)
+    return Replica.objects.staying().filter(provider="local", region__cloud__name="local")
 
 
 def drill_victims(region: Region) -> list[Replica]:

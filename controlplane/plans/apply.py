@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from controlplane.core.services import record_audit
 from controlplane.deployments import caps
-from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
+from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
@@ -171,10 +171,8 @@ def advance(plan_id: int) -> str:
 
 
 def _drain_for_change(change: PlanChange, plan: Plan) -> list[int]:
-    candidates = Replica.objects.filter(
-        deployment=change.deployment, region=change.region, state__in=LIVE_STATES,
-        spot=change.spot,
-    ).exclude(state=S.DRAINING)
+    candidates = Replica.objects.staying().filter(
+        deployment=change.deployment, region=change.region, spot=change.spot)
     if change.offer_id:
         candidates = candidates.filter(offer_id=change.offer_id)
     else:  # replicas whose offer is gone: drain those, not their neighbours

@@ -126,8 +126,7 @@ class ReplanOutcome:
 # -- broken rules -----------------------------------------------------------------------------
 
 def _live(deployments: list[Deployment]) -> list[Replica]:
-    return list(Replica.objects.filter(deployment__in=deployments, state__in=LIVE_STATES)
-                .exclude(state=S.DRAINING)
+    return list(Replica.objects.staying().filter(deployment__in=deployments)
                 .select_related("deployment", "region__cloud", "region__jurisdiction",
                                 "offer__gpu_type", "offer__region__cloud"))
 
@@ -293,8 +292,7 @@ def build_problem(deployments: list[Deployment], options: tuple[OfferOption, ...
         if pool in quota:
             quota[pool] = max(quota[pool] - gpus, 0)
     counts: Counter[tuple[int, int, bool]] = Counter()
-    for r in Replica.objects.filter(deployment_id__in=ids, state__in=LIVE_STATES,
-                                    offer__isnull=False).exclude(state=S.DRAINING):
+    for r in Replica.objects.staying().filter(deployment_id__in=ids, offer__isnull=False):
         if r.offer_id is not None:
             counts[(r.deployment_id, r.offer_id, r.spot)] += 1
     existing = tuple(ExistingReplica(d, o, s, n) for (d, o, s), n in counts.items())
