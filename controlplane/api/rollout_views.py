@@ -19,7 +19,7 @@ from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
 from controlplane.deployments.models import Deployment, Model, Revision
-from controlplane.rollouts import services
+from controlplane.rollouts import lifecycle, validation
 from controlplane.rollouts.models import Rollout, RolloutStep
 from regions.models import GpuType
 
@@ -103,6 +103,26 @@ class StartRequest(StrictSerializer):
         help_text="Why it is started: kept as the rollout's start_reason (its reason says why "
                   "it ended).")
 
+    RAW = ("strategy", "steps", "waves", "rollback_window_s", "auto_promote", "bake_s",
+           "thresholds")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The rollout asked for, checked and typed (`validation.rollout_request`); its
+        errors answer 400 naming the field, as the fields' own do."""
+        revision = validation.RevisionSpec(
+            model=attrs.get("model"), vllm_version=attrs.get("vllm_version"),
+            engine_args=attrs.get("engine_args") or {},
+            tensor_parallel=attrs.get("tensor_parallel"),
+            pipeline_parallel=attrs.get("pipeline_parallel"),
+            preferred_gpu_type=attrs.get("preferred_gpu_type"))
+        raw = {name: attrs[name] for name in self.RAW if name in attrs}
+        try:
+            wanted = validation.rollout_request(attrs["deployment"], raw, revision,
+                                                reason=attrs["reason"])
+        except validation.RolloutInputError as exc:
+            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
+        return {"deployment": attrs["deployment"], "request": wanted}
+
 
 class ActionRequest(StrictSerializer):
     reason = serializers.CharField(max_length=500, required=False, default="")
@@ -135,14 +155,10 @@ class RolloutViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retrieve
         canary rollout of it at its first step."""
         body = StartRequest(data=request.data)
         body.is_valid(raise_exception=True)
-        data = dict(body.validated_data)
-        deployment = data.pop("deployment")
-        data.setdefault("bake_s", 300)
         try:
-            rollout = services.start(deployment, actor=self._actor(request), **data)
-        except services.RolloutInputError as exc:
-            return Response({exc.field: [str(exc)]}, status=status.HTTP_400_BAD_REQUEST)
-        except services.RolloutStateError as exc:
+            rollout = lifecycle.start(body.validated_data["deployment"],
+                                      body.validated_data["request"], actor=self._actor(request))
+        except lifecycle.RolloutStateError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return self._answer(rollout.pk, status.HTTP_201_CREATED)
 
@@ -152,7 +168,7 @@ class RolloutViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retrieve
         rollout = self.get_object()
         try:
             step(rollout.pk, actor=self._actor(request), reason=body.validated_data["reason"])
-        except services.RolloutStateError as exc:
+        except lifecycle.RolloutStateError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
         return self._answer(rollout.pk)
 
@@ -160,27 +176,27 @@ class RolloutViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retrieve
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: Any = None) -> Response:
         """Hold the current step (the canary keeps its weight)."""
-        return self._act(request, services.pause)
+        return self._act(request, lifecycle.pause)
 
     @extend_schema(request=ActionRequest, responses=RolloutSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: Any = None) -> Response:
-        return self._act(request, services.resume)
+        return self._act(request, lifecycle.resume)
 
     @extend_schema(request=ActionRequest, responses=RolloutSerializer)
     @action(detail=True, methods=["post"])
     def advance(self, request: Request, pk: Any = None) -> Response:
         """The next step's weight."""
-        return self._act(request, services.advance)
+        return self._act(request, lifecycle.advance)
 
     @extend_schema(request=ActionRequest, responses=RolloutSerializer)
     @action(detail=True, methods=["post"])
     def promote(self, request: Request, pk: Any = None) -> Response:
         """The new revision becomes the deployment's stable one."""
-        return self._act(request, services.promote)
+        return self._act(request, lifecycle.promote)
 
     @extend_schema(request=ActionRequest, responses=RolloutSerializer)
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: Any = None) -> Response:
         """Canary weight 0 at once; its replicas drained."""
-        return self._act(request, services.roll_back)
+        return self._act(request, lifecycle.roll_back)

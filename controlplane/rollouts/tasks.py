@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from controlplane.core.locks import advisory_lock
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst
 
 
 @shared_task(name="rollouts.check")
@@ -14,4 +14,4 @@ def check() -> dict[str, object]:
     with advisory_lock("rollouts.check") as acquired:
         if not acquired:
             return {"skipped": 1}
-        return dict(services.check())
+        return dict(analyst.check())

@@ -16,10 +16,9 @@ retire_replica), keeping the deployment spread over its regions.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -34,12 +33,18 @@ from django.utils import timezone
 from controlplane.core.services import record_audit
 from controlplane.costs.services import usd_h_for
 from controlplane.deployments import caps
-from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
+from controlplane.deployments.lifecycle import SERVING_STATES, STAYING_STATES
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
 from controlplane.placement.models import PlanChange
-from controlplane.placement.proposals import place_additions, quota_left
+from controlplane.placement.scale_up import (
+    Placement,
+    place_scale_up,
+    preferred_gpu_types,
+    sized_for,
+)
+from controlplane.placement.spread_first import place_spread_first
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.scaling import rules as policy
 from controlplane.scaling.models import ScalingDecision
@@ -48,14 +53,12 @@ from controlplane.scaling.services import retire_replica
 from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.models import EdgeSample, ReplicaSample
-from regions.models import Offer
+from regions.models import Offer, Region
 
 log = logging.getLogger(__name__)
 
 ACTOR = "system:autoscaler"
 SCRAPE_INTERVAL_S = 2.0
-# Keep running replicas whatever the price difference: a scale-up adds, it never moves.
-SOLVER_TIME_LIMIT_S = 5.0
 # Edge statuses that mean "no replica could take it": what wakes a deployment from zero.
 UNSERVED_STATUSES = frozenset({"404", "502", "503"})
 STARTING_STATES = frozenset({S.PENDING, S.PROVISIONING, S.STARTING})
@@ -120,7 +123,7 @@ class Snapshot:
 def _fleets(ids: list[int]) -> dict[int, Fleet]:
     counts: dict[int, Counter[str]] = defaultdict(Counter)
     rows = (Replica.objects.filter(deployment_id__in=ids,
-                                   state__in=(LIVE_STATES - {S.DRAINING}) | {S.FAILED})
+                                   state__in=STAYING_STATES | {S.FAILED})
             .values("deployment_id", "state").order_by().annotate(n=Count("id")))
     for row in rows:
         counts[row["deployment_id"]][row["state"]] = row["n"]
@@ -273,59 +276,20 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
     assert decision.direction is not None
     with transaction.atomic():
         # One scale per deployment at a time (operators scale under the same lock).
-        deployment = (Deployment.objects.select_for_update(of=("self",)).select_related("model", "tenant")
-                      .get(pk=snap.deployment.pk))
-        active = list(deployment.replicas.filter(state__in=LIVE_STATES).exclude(
-            state=S.DRAINING).select_related("region__cloud", "offer__gpu_type"))
+        deployment = (Deployment.objects.select_for_update(of=("self",))
+                      .select_related("model", "tenant").get(pk=snap.deployment.pk))
+        active = list(deployment.replicas.filter(state__in=STAYING_STATES)
+                      .select_related("region__cloud", "offer__gpu_type"))
         if len(active) != decision.before:
             return None  # someone scaled it since the snapshot: decide again next tick
         signals = dict(decision.signals)
         reason = decision.reason
         placed: list[str] = []
-        canary = deployment.canary_revision if deployment.canary_revision_id else None
         if decision.direction == UP:
-            add = decision.after - decision.before
-            # Never past the tenant's caps: what they leave is all it may add.
-            room = caps.headroom(deployment)
-            if room.replicas is not None and room.replicas < add:
-                reason = f"{reason}; {room.why}, so at most {room.replicas} more"
-                signals["tenant_cap"] = room.why
-                add = room.replicas
-            # During a rollout each revision gets its share of the new replicas.
-            shares: list[tuple[Revision | None, int]] = [(None, add)]
-            if canary is not None:
-                stable_n, canary_n = policy.split_scale_up(add, policy.canary_share(
-                    deployment.canary_weight, deployment.canary_region_weights))
-                shares = [(None, stable_n), (canary, canary_n)]
-                signals["revisions"] = {"stable": stable_n, f"canary {canary.number}": canary_n}
-            hows = []
-            for revision, n in shares:
-                if n <= 0:
-                    continue
-                placement = (place_scale_up(deployment, active, n) if revision is None else
-                             place_scale_up(sized_for(deployment, revision), active, n,
-                                            gpu_types=_preferred(revision)))
-                for region_key, replicas in placement.request(deployment, reason, revision):
-                    placed.extend([region_key] * len(replicas))
-                    signals.setdefault("requested", []).extend(r.public_id for r in replicas)
-                    active = [*active, *replicas]  # the next share sees their quota used
-                hows.append(placement.how)
-            signals["placement"] = "; ".join(hows)
+            reason, placed = _scale_up(deployment, active, decision, signals)
             after = decision.before + len(placed)
-            if len(placed) < add:
-                reason = (f"{reason}; wanted {decision.after}, placed {len(placed)}: "
-                          f"{signals['placement']}")
         else:
-            # During a rollout no revision loses its last serving replica.
-            revision_of = ({r.pk: r.revision_id or deployment.stable_revision_id
-                            for r in active} if canary is not None else None)
-            retired = choose_retirements(active, decision.before - decision.after,
-                                         snap.load, deployment.spread_regions, decision.after,
-                                         revision_of=revision_of)
-            for replica in retired:
-                retire_replica(replica, actor=ACTOR, reason=f"autoscaler: {reason}")
-            signals["retired"] = [r.public_id for r in retired]
-            after = decision.before - len(retired)
+            after = decision.before - _scale_down(deployment, active, snap, decision, signals)
         unplaced = decision.direction == UP and after < decision.after
         if unplaced:
             mark_unplaceable({deployment.pk: reason})
@@ -348,6 +312,94 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
     return row
 
 
+def _scale_up(deployment: Deployment, active: list[Replica], decision: Decision,
+              signals: dict[str, Any]) -> tuple[str, list[str]]:
+    """Ask for the new replicas, within the tenant's caps; during a rollout each revision
+    gets its share. Returns the decision's reason (with what held it back) and the region
+    of each replica asked for; `signals` gains what was requested and how it was placed."""
+    reason = decision.reason
+    add = decision.after - decision.before
+    # Never past the tenant's caps: what they leave is all it may add.
+    room = caps.headroom(deployment)
+    if room.replicas is not None and room.replicas < add:
+        reason = f"{reason}; {room.why}, so at most {room.replicas} more"
+        signals["tenant_cap"] = room.why
+        add = room.replicas
+    shares: list[tuple[Revision | None, int]] = [(None, add)]
+    canary = deployment.canary_revision if deployment.canary_revision_id else None
+    if canary is not None:
+        stable_n, canary_n = policy.split_scale_up(add, policy.canary_share(
+            deployment.canary_weight, deployment.canary_region_weights))
+        shares = [(None, stable_n), (canary, canary_n)]
+        signals["revisions"] = {"stable": stable_n, f"canary {canary.number}": canary_n}
+    placed: list[str] = []
+    hows = []
+    for revision, n in shares:
+        if n <= 0:
+            continue
+        made, how = _place_share(deployment, active, n, reason, revision)
+        placed.extend(r.region.key for r in made)
+        signals.setdefault("requested", []).extend(r.public_id for r in made)
+        active = [*active, *made]  # the next share sees their quota used
+        hows.append(how)
+    signals["placement"] = "; ".join(hows)
+    if len(placed) < add:
+        reason = f"{reason}; wanted {decision.after}, placed {len(placed)}: {signals['placement']}"
+    return reason, placed
+
+
+def _place_share(deployment: Deployment, active: Sequence[Replica], n: int, reason: str,
+                 revision: Revision | None) -> tuple[list[Replica], str]:
+    """`n` replicas of the stable revision (None) or of a canary, asked for. A canary's
+    first go, as a rollout places them (`placement.spread_first`), one to each region its
+    replicas lack for the spread rule, beside the stable replicas first; the rest, like the
+    stable ones, where the solver's cheapest plan puts them."""
+    if revision is None:
+        placement = place_scale_up(deployment, active, n)
+        return _ask(placement, deployment, reason, None), placement.how
+    sized, gpu_types = sized_for(deployment, revision), preferred_gpu_types(revision)
+    stable_regions = {r.region.key for r in active if r.revision_id != revision.pk}
+
+    def one(region: Region, offer: Offer, spot: bool) -> list[Replica]:
+        return _ask(Placement([(region, offer, spot, 1)], ""), deployment, reason, revision)
+
+    made, hows = place_spread_first(deployment, sized, revision, list(active), n, gpu_types,
+                                    [stable_regions], one)
+    if len(made) < n:
+        placement = place_scale_up(sized, [*active, *made], n - len(made),
+                                   gpu_types=gpu_types)
+        made += _ask(placement, deployment, reason, revision)
+        hows.append(placement.how)
+    return made, "; ".join(hows)
+
+
+def _ask(placement: Placement, deployment: Deployment, reason: str,
+         revision: Revision | None) -> list[Replica]:
+    """The replicas of each of the placement's slots, asked for."""
+    made: list[Replica] = []
+    for region, offer, spot, count in placement.slots:
+        made += request_replicas(deployment, region, count, actor=ACTOR,
+                                 reason=f"autoscaler: {reason}", spot=spot, offer=offer,
+                                 revision=revision)
+    return made
+
+
+def _scale_down(deployment: Deployment, active: list[Replica], snap: Snapshot,
+                decision: Decision, signals: dict[str, Any]) -> int:
+    """Drain the replicas `choose_retirements` picks; returns how many."""
+    # During a rollout no revision loses its last serving replica.
+    canary = deployment.canary_revision_id is not None
+    revision_of = ({r.pk: r.revision_id or deployment.stable_revision_id
+                    for r in active} if canary else None)
+    retired = choose_retirements(active, decision.before - decision.after,
+                                 snap.load, deployment.spread_regions, decision.after,
+                                 revision_of=revision_of)
+    for replica in retired:
+        retire_replica(replica, actor=ACTOR, reason=f"autoscaler: {decision.reason}")
+    signals["retired"] = [r.public_id for r in retired]
+    return len(retired)
+
+
 def _repeat_open(deployment: Deployment, decision: Decision, reason: str,
                  signals: dict[str, Any]) -> ScalingDecision | None:
     """The open decision this attempt repeats (same direction, count and wish, and it too
@@ -366,112 +418,6 @@ def _repeat_open(deployment: Deployment, decision: Decision, reason: str,
     prior.signals = signals
     prior.save(update_fields=["repeats", "last_at", "reason", "signals"])
     return prior
-
-
-# -- placement ---------------------------------------------------------------------------------
-
-@dataclass
-class Placement:
-    slots: list[tuple[Any, Any, bool, int]]  # (region, offer, spot, count)
-    how: str
-
-    def request(self, deployment: Deployment, reason: str,
-                revision: Revision | None = None) -> list[tuple[str, list[Replica]]]:
-        made = []
-        for region, offer, spot, count in self.slots:
-            replicas = request_replicas(deployment, region, count, actor=ACTOR,
-                                        reason=f"autoscaler: {reason}", spot=spot, offer=offer,
-                                        revision=revision)
-            made.append((region.key, replicas))
-        return made
-
-
-def place_scale_up(deployment: Deployment, active: Sequence[Replica], add: int,
-                   gpu_types: Collection[str] = (), regions: Collection[str] = ()) -> Placement:
-    """Where `add` new replicas go: the solver's cheapest plan that keeps every running
-    replica; else beside the running ones; never outside the allowed jurisdictions or
-    quota. `gpu_types`: only these (a revision's preferred GPU type), else those running;
-    `regions` (cloud:code), when given: only there."""
-    # New replicas are on the GPU type already running (or, from zero, last run): the
-    # in-flight target is per replica, so the fleet stays uniform. Every replica runs the
-    # deployment's one engine (TP × PP) whatever the node size, and the solver offers only
-    # nodes that hold it, so the node size is the solver's to choose.
-    placed = place_additions(deployment, active, add,
-                             gpu_types=set(gpu_types) or _replica_kinds(deployment, active),
-                             only_regions=regions, time_limit_s=SOLVER_TIME_LIMIT_S)
-    if placed.slots:
-        return Placement([(o.region, o, spot, n) for o, spot, n in placed.slots],
-                         f"solver: {', '.join(f'{n} × {o}' for o, _, n in placed.slots)} "
-                         f"(${placed.result.cost_after_usd_h:.2f}/h after)")
-    result = placed.result
-    why = "; ".join(result.explanation) or f"solver status {result.status}"
-    beside = [r for r in active if (not gpu_types
-              or (r.offer is not None and r.offer.gpu_type.name in gpu_types))
-              and (not regions or r.region.key in regions)]
-    return _beside_running(deployment, beside, add, quota_left([deployment.pk]),
-                           f"solver found no plan ({why})")
-
-
-def sized_for(deployment: Deployment, revision: Revision) -> Deployment:
-    """The deployment as the solver must size it for `revision`'s engine (model, TP × PP,
-    context), unsaved: residency, spread and spot rules stay the deployment's."""
-    view = copy.copy(deployment)
-    view.model = revision.model
-    view.tensor_parallel = revision.tensor_parallel
-    view.pipeline_parallel = revision.pipeline_parallel
-    view.max_model_len = int(revision.engine_args.get("max_model_len",
-                                                      deployment.max_model_len))
-    return view
-
-
-def _preferred(revision: Revision) -> set[str]:
-    gpu = revision.preferred_gpu_type
-    return {gpu.name} if gpu is not None else set()
-
-
-def _replica_kinds(deployment: Deployment, active: Sequence[Replica]) -> set[str]:
-    """GPU types of the running replicas; else of the newest one there was."""
-    offers = [r.offer for r in active if r.offer is not None]
-    if not offers:
-        last = (deployment.replicas.filter(offer__isnull=False).select_related("offer__gpu_type")
-                .order_by("-created_at").first())
-        offers = [last.offer] if last is not None and last.offer is not None else []
-    return {o.gpu_type.name for o in offers}
-
-
-def _beside_running(deployment: Deployment, active: Sequence[Replica], add: int,
-                    quota: Mapping[tuple[str, str], int], why: str) -> Placement:
-    """Fallback: the regions and offers already running, least-filled first, within quota."""
-    allowed = set(deployment.allowed_jurisdictions.values_list("pk", flat=True))
-    used: Counter[tuple[str, str]] = Counter()
-    per_region: Counter[int] = Counter()
-    choices: dict[int, tuple[Replica, Offer]] = {}
-    for r in active:
-        per_region[r.region_id] += 1
-        if r.offer is None:
-            continue
-        used[(r.region.key, r.offer.gpu_type.name)] += r.offer.gpus_per_node
-        if r.region.jurisdiction_id in allowed and r.region.enabled:
-            choices.setdefault(r.region_id, (r, r.offer))
-    planned: Counter[tuple[int, bool]] = Counter()
-    for _ in range(add):
-        fits = []
-        for region_id, (r, offer) in choices.items():
-            pool = (r.region.key, offer.gpu_type.name)
-            if pool in quota and quota[pool] - used[pool] < offer.gpus_per_node:
-                continue
-            fits.append((per_region[region_id], offer.on_demand_usd_h, region_id, r, offer))
-        if not fits:
-            break
-        _, _, region_id, r, offer = min(fits, key=lambda f: f[:3])
-        used[(r.region.key, offer.gpu_type.name)] += offer.gpus_per_node
-        per_region[region_id] += 1
-        planned[(region_id, r.spot)] += 1
-    slots = [(choices[rid][0].region, choices[rid][1], spot, n)
-             for (rid, spot), n in planned.items()]
-    if not slots:
-        return Placement([], f"{why}; no running region has room, nothing placed")
-    return Placement(slots, f"{why}; placed beside running replicas")
 
 
 # -- scale-down --------------------------------------------------------------------------------

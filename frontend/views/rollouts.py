@@ -18,7 +18,7 @@ from django.utils import timezone
 from controlplane.core.models import Role
 from controlplane.deployments.models import Deployment, Model
 from controlplane.deployments.services import tensor_parallel_error
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst, lifecycle, validation
 from controlplane.rollouts.models import IN_PROGRESS, Rollout, RolloutState, Strategy
 from frontend import charts
 from frontend.access import principal_of
@@ -29,10 +29,10 @@ S = RolloutState
 
 # action → (service, the states it is offered in, what the button says)
 ACTIONS: dict[str, tuple[Callable[..., Rollout], tuple[str, ...], str]] = {
-    "pause": (services.pause, (S.RUNNING,), "Pause"),
-    "resume": (services.resume, (S.PAUSED,), "Resume"),
-    "promote": (services.promote, (S.RUNNING, S.PAUSED), "Promote"),
-    "rollback": (services.roll_back, (S.RUNNING, S.PAUSED, S.PENDING), "Roll back"),
+    "pause": (lifecycle.pause, (S.RUNNING,), "Pause"),
+    "resume": (lifecycle.resume, (S.PAUSED,), "Resume"),
+    "promote": (lifecycle.promote, (S.RUNNING, S.PAUSED), "Promote"),
+    "rollback": (lifecycle.roll_back, (S.RUNNING, S.PAUSED, S.PENDING), "Roll back"),
 }
 
 
@@ -130,24 +130,27 @@ class StartForm(forms.Form):
                 self.add_error("tensor_parallel", error)
         return data
 
-    def start_arguments(self) -> dict[str, Any]:
-        """What services.start takes, from the cleaned fields."""
+    def start_request(self, deployment: Deployment) -> validation.RolloutRequest:
+        """What lifecycle.start takes, from the cleaned fields; raises
+        validation.RolloutInputError as the API's serializer answers 400."""
         data = self.cleaned_data
         thresholds = {k: data[k] for k in self.THRESHOLDS if data.get(k) is not None}
-        return {
+        raw = {
             "strategy": data["strategy"], "steps": data["steps"], "bake_s": data["bake_s"],
             "rollback_window_s": data["rollback_window_s"], "waves": data["waves"],
-            "auto_promote": bool(data["auto_promote"]),
-            "model": Model.objects.filter(name=data["model"]).first() if data["model"] else None,
-            "vllm_version": data["vllm_version"] or None, "engine_args": data["engine_args"],
-            "tensor_parallel": data["tensor_parallel"],
-            "pipeline_parallel": data["pipeline_parallel"],
-            "preferred_gpu_type": (GpuType.objects.filter(name=data["preferred_gpu_type"])
-                                   .first() if data["preferred_gpu_type"] else None),
-            "thresholds": thresholds or None, "reason": data["reason"],
+            "auto_promote": bool(data["auto_promote"]), "thresholds": thresholds or None,
         }
+        revision = validation.RevisionSpec(
+            model=Model.objects.filter(name=data["model"]).first() if data["model"] else None,
+            vllm_version=data["vllm_version"] or None,
+            engine_args=data["engine_args"] or {},
+            tensor_parallel=data["tensor_parallel"],
+            pipeline_parallel=data["pipeline_parallel"],
+            preferred_gpu_type=(GpuType.objects.filter(name=data["preferred_gpu_type"])
+                                .first() if data["preferred_gpu_type"] else None))
+        return validation.rollout_request(deployment, raw, revision, reason=data["reason"])
 
-    def field_of(self, error: services.RolloutInputError) -> str | None:
+    def field_of(self, error: validation.RolloutInputError) -> str | None:
         """The form field a service error names (`thresholds.x` → x, `waves[i][j]` →
         waves); None where the form has no such field."""
         name = error.field.split(".", 1)[-1].split("[", 1)[0]
@@ -191,13 +194,13 @@ def start(request: HttpRequest) -> HttpResponse:
         return _list_page(request, form, status=400)
     deployment = Deployment.objects.get(name=form.cleaned_data["deployment"])
     try:
+        wanted = form.start_request(deployment)
         with transaction.atomic():
-            rollout = services.start(deployment, actor=principal.username,
-                                     **form.start_arguments())
-    except services.RolloutInputError as exc:
+            rollout = lifecycle.start(deployment, wanted, actor=principal.username)
+    except validation.RolloutInputError as exc:
         form.add_error(form.field_of(exc), f"{exc.field}: {exc}")
         return _list_page(request, form, status=400)
-    except services.RolloutStateError as exc:
+    except lifecycle.RolloutStateError as exc:
         form.add_error(None, str(exc))
         return _list_page(request, form, status=409)
     messages.success(request, f"Rollout {rollout.pk} of {deployment.name} started: revision "
@@ -232,7 +235,7 @@ def step_rows(rollout: Rollout) -> list[dict[str, Any]]:
         figures, live = step.analysis or {}, False
         if (step.ended_at is None and step.ready_at is not None and not figures
                 and rollout.state in (S.RUNNING, S.PAUSED)):
-            _, _, figures = services.step_figures(rollout, step.ready_at, timezone.now())
+            _, _, figures = analyst.step_figures(rollout, step.ready_at, timezone.now())
             live = True
         failed = [c for c in figures.get("checks", []) if not c.get("passed")]
         rows.append({
@@ -286,7 +289,7 @@ def act(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     step, _, label = ACTIONS[action]
     try:
         step(rollout.pk, actor=principal.username, reason=form.cleaned_data["reason"])
-    except services.RolloutStateError as exc:
+    except lifecycle.RolloutStateError as exc:
         messages.error(request, f"Nothing done: {exc}")
     else:
         messages.success(request, f"{label}: rollout {rollout.pk} of "

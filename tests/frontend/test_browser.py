@@ -298,13 +298,14 @@ def test_operator_starts_a_drill_that_appears_on_the_timeline(
 def test_operator_pauses_and_rolls_back_a_rollout_from_its_timeline(
     tab: Callable[[], Tab], browser_fleet: Fleet, make_user: Callable[..., Any],
 ) -> None:
-    from controlplane.rollouts import services as rollouts
+    from controlplane.rollouts import analyst, lifecycle
     from controlplane.rollouts.models import Rollout
+    from tests.rollouts.starting import start_rollout
 
-    rollout = rollouts.start(browser_fleet.acme, actor="ops", steps=[5, 50, 100], bake_s=30)
+    rollout = start_rollout(browser_fleet.acme, actor="ops", steps=[5, 50, 100], bake_s=30)
     side = {"edges": 1, "requests": 120.0, "errors": 0.0, "error_rate": 0.0,
             "ttft_p95_s": 0.2, "itl_p95_s": 0.02}
-    rollouts.advance(rollout.pk, actor=rollouts.ANALYST, figures={
+    lifecycle.advance(rollout.pk, actor=analyst.ANALYST, figures={
         "verdict": "pass", "why": "within", "checks": [],
         "stable": {**side, "revision": 1}, "canary": {**side, "revision": 2, "ttft_p95_s": 0.21}})
     make_user(Role.OPERATOR, username="rita")

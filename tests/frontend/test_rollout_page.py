@@ -13,15 +13,16 @@ from django.test.utils import CaptureQueriesContext
 from controlplane.core.models import AuditLog, Role
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst, lifecycle
 from controlplane.rollouts.models import Rollout
+from tests.rollouts.starting import start_rollout
 
 pytestmark = pytest.mark.django_db
 
 
 def judged(verdict: str, stable_ttft: float, canary_ttft: float, canary_errors: float = 0,
            ) -> dict[str, Any]:
-    """A step's analysis as services.step_figures writes it."""
+    """A step's analysis as analyst.step_figures writes it."""
     def side(revision: int, ttft: float, errors: float) -> dict[str, Any]:
         return {"revision": revision, "edges": 2, "requests": 200.0, "errors": errors,
                 "error_rate": errors / 200, "ttft_p95_s": ttft, "itl_p95_s": 0.02}
@@ -35,10 +36,10 @@ def judged(verdict: str, stable_ttft: float, canary_ttft: float, canary_errors: 
 
 @pytest.fixture
 def rollout(fleet):  # type: ignore[no-untyped-def]
-    rollout = services.start(fleet.acme, actor="ops", steps=[10, 50, 100], bake_s=30)
+    rollout = start_rollout(fleet.acme, actor="ops", steps=[10, 50, 100], bake_s=30)
     Replica.objects.filter(revision=rollout.to_revision).update(state=S.READY)
-    assert services.check() == {str(rollout.pk): "live"}
-    services.advance(rollout.pk, actor=services.ANALYST,
+    assert analyst.check() == {str(rollout.pk): "live"}
+    lifecycle.advance(rollout.pk, actor=analyst.ANALYST,
                      figures=judged("pass", stable_ttft=0.2, canary_ttft=0.21))
     return Rollout.objects.get(pk=rollout.pk)
 
@@ -64,7 +65,7 @@ def test_the_timeline_shows_each_steps_figures_and_decision(signed_in, rollout):
 
 
 def test_a_rolled_back_step_shows_the_failed_checks(signed_in, rollout):  # type: ignore[no-untyped-def]
-    services.roll_back(rollout.pk, actor=services.ANALYST, reason="canary TTFT p95 over",
+    lifecycle.roll_back(rollout.pk, actor=analyst.ANALYST, reason="canary TTFT p95 over",
                        figures=judged("fail", stable_ttft=0.2, canary_ttft=0.9))
     html = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "rolled_back" in html
@@ -102,20 +103,20 @@ def test_a_too_long_reason_is_refused_naming_the_field(signed_in, rollout):  # t
 
 
 def test_a_blue_green_rollout_says_so(signed_in, fleet):  # type: ignore[no-untyped-def]
-    rollout = services.start(fleet.acme, actor="ops", strategy="blue_green", bake_s=30,
+    rollout = start_rollout(fleet.acme, actor="ops", strategy="blue_green", bake_s=30,
                              rollback_window_s=120)
     client = signed_in(Role.VIEWER)
     assert "Blue/green" in client.get("/rollouts/").content.decode()
     html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "the old set kept 120 s after the switch" in html
     assert 'id="canary-share">0%</b>' in html  # until the new set serves
-    services.check()
+    analyst.check()
     html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "Waiting for" in html and "canary replicas to serve 100%: 0 serving" in html
 
 
 def test_a_rollout_in_waves_shows_its_waves(signed_in, fleet, catalog):  # type: ignore[no-untyped-def]
-    rollout = services.start(fleet.acme, actor="ops", steps=[10, 100], bake_s=30,
+    rollout = start_rollout(fleet.acme, actor="ops", steps=[10, 100], bake_s=30,
                              waves=[[catalog["fra"].key], [catalog["iad"].key]])
     html = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "in 2 waves of edge regions" in html and "now wave 1" in html
@@ -153,8 +154,8 @@ def test_the_list_pages_queries_do_not_grow_with_the_rollouts(signed_in, fleet):
         return len(captured)
 
     def one_more(deployment: Any) -> None:
-        rollout = services.start(deployment, actor="ops", steps=[100], bake_s=30)
-        services.roll_back(rollout.pk, actor="ops")
+        rollout = start_rollout(deployment, actor="ops", steps=[100], bake_s=30)
+        lifecycle.roll_back(rollout.pk, actor="ops")
 
     one_more(fleet.acme)
     few = queries()
@@ -170,7 +171,7 @@ def test_a_canary_answering_only_errors_shows_no_latency_and_its_5xx_beside(sign
     failing = judged("fail", stable_ttft=0.2, canary_ttft=0.002, canary_errors=200)
     failing["canary"].update(ttft_p95_s=None, itl_p95_s=None)
     failing["checks"] = []
-    services.roll_back(rollout.pk, actor=services.ANALYST, reason="canary 5xx", figures=failing)
+    lifecycle.roll_back(rollout.pk, actor=analyst.ANALYST, reason="canary 5xx", figures=failing)
     response = signed_in(Role.VIEWER).get(f"/rollouts/{rollout.pk}/")
     rows = response.context["rows"]
     last = rows[-1]

@@ -17,13 +17,14 @@ from controlplane.alerts.models import Alert
 from controlplane.core.models import AuditLog
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.rollouts import analysis, services
+from controlplane.rollouts import analysis, analyst, lifecycle, placement
 from controlplane.rollouts.models import Rollout, RolloutStep
 from controlplane.routing.models import Edge
 from controlplane.telemetry.edge_metrics import parse_edge_metrics
 from controlplane.telemetry.models import EdgeSample
 from edge.metrics import EdgeMetrics
 from tests.api.test_endpoints_crud import make_deployment
+from tests.rollouts.starting import start_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -33,10 +34,10 @@ def rollout(catalog, tenants):  # type: ignore[no-untyped-def]
     deployment = make_deployment({**catalog, **tenants}, "chat-eu", tenant=None)
     Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
                            url="http://10.0.0.1:8000")
-    rollout = services.start(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
     Replica.objects.filter(revision=rollout.to_revision).update(state=S.READY,
                                                                  url="http://10.0.0.2:8000")
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     return rollout
 
 
@@ -82,9 +83,9 @@ def bake(rollout: Rollout, edges: list[Edge], stable: dict[str, Any], canary: di
 
 def test_a_slow_canary_is_rolled_back_with_the_figures_and_an_alert(rollout, edges):  # type: ignore[no-untyped-def]
     now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=100, slow_ttft=50))
-    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    assert analyst.check(now) == {str(rollout.pk): "rolled_back"}
     rollout.refresh_from_db()
-    assert rollout.state == "rolled_back" and rollout.ended_by == services.ANALYST
+    assert rollout.state == "rolled_back" and rollout.ended_by == analyst.ANALYST
     assert "canary TTFT p95" in rollout.reason and "over" in rollout.reason
     deployment = rollout.deployment
     deployment.refresh_from_db()
@@ -99,7 +100,7 @@ def test_a_slow_canary_is_rolled_back_with_the_figures_and_an_alert(rollout, edg
     failed = {c["name"] for c in figures["checks"] if not c["passed"]}
     assert failed == {"ttft_vs_stable"}
     event = AuditLog.objects.get(action="rollout.rolled_back")
-    assert event.actor == services.ANALYST
+    assert event.actor == analyst.ANALYST
     assert event.changes["analysis"]["verdict"] == "fail"
     # The alerts app opens a critical alert carrying the figures.
     alerts.evaluate(now)
@@ -110,7 +111,7 @@ def test_a_slow_canary_is_rolled_back_with_the_figures_and_an_alert(rollout, edg
 
 def test_a_canary_answering_5xx_is_rolled_back(rollout, edges):  # type: ignore[no-untyped-def]
     now = bake(rollout, edges, stable=series(ok=200, errors=1), canary=series(ok=90, errors=10))
-    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    assert analyst.check(now) == {str(rollout.pk): "rolled_back"}
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     assert step.analysis["canary"]["error_rate"] == pytest.approx(0.1)
     failed = {c["name"] for c in step.analysis["checks"] if not c["passed"]}
@@ -119,7 +120,7 @@ def test_a_canary_answering_5xx_is_rolled_back(rollout, edges):  # type: ignore[
 
 def test_a_canary_with_slow_tokens_is_rolled_back(rollout, edges):  # type: ignore[no-untyped-def]
     now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=100, slow_itl=200))
-    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    assert analyst.check(now) == {str(rollout.pk): "rolled_back"}
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     assert {c["name"] for c in step.analysis["checks"] if not c["passed"]} == {"itl_vs_stable"}
 
@@ -128,7 +129,7 @@ def test_a_canary_over_the_slo_fails_even_when_the_stable_is_as_slow(rollout, ed
     slow = series(ok=100, slow_ttft=100)  # every TTFT in (1, 5] s, the SLO is 1 s
     slow["ttft"] = histogram(0, 100, slow_s=5.0)
     now = bake(rollout, edges, stable=slow, canary=slow)
-    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    assert analyst.check(now) == {str(rollout.pk): "rolled_back"}
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     assert {c["name"] for c in step.analysis["checks"] if not c["passed"]} == {"ttft_slo"}
 
@@ -136,7 +137,7 @@ def test_a_canary_over_the_slo_fails_even_when_the_stable_is_as_slow(rollout, ed
 def test_a_canary_within_every_limit_moves_to_the_next_step(rollout, edges):  # type: ignore[no-untyped-def]
     now = bake(rollout, edges, stable=series(ok=100, slow_ttft=10),
                canary=series(ok=100, slow_ttft=10))
-    assert services.check(now) == {str(rollout.pk): "advanced"}
+    assert analyst.check(now) == {str(rollout.pk): "advanced"}
     rollout.refresh_from_db()
     assert rollout.state == "running" and rollout.weight == 50
     first = RolloutStep.objects.get(rollout=rollout, step=0)
@@ -144,18 +145,18 @@ def test_a_canary_within_every_limit_moves_to_the_next_step(rollout, edges):  # 
     assert all(c["passed"] for c in first.analysis["checks"])
     assert len(first.analysis["checks"]) == 5
     # The new step has not baked yet: nothing happens.
-    assert services.check(now) == {}
+    assert analyst.check(now) == {}
 
 
 def test_at_100_percent_only_the_absolute_limits_are_judged(rollout, edges):  # type: ignore[no-untyped-def]
     Rollout.objects.filter(pk=rollout.pk).update(auto_promote=False)
-    services.advance(rollout.pk, actor="op")
-    services.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
     rollout.refresh_from_db()
     assert rollout.weight == 100
     now = bake(rollout, edges, stable=series(), canary=series(ok=100))
     # Without auto_promote the passed last step waits for an operator.
-    assert services.check(now) == {str(rollout.pk): "awaiting_promote"}
+    assert analyst.check(now) == {str(rollout.pk): "awaiting_promote"}
     assert Rollout.objects.get(pk=rollout.pk).state == "running"
     step = RolloutStep.objects.get(rollout=rollout, step=2)
     assert {c["name"] for c in step.analysis["checks"]} == {"error_rate_slo", "ttft_slo"}
@@ -163,17 +164,17 @@ def test_at_100_percent_only_the_absolute_limits_are_judged(rollout, edges):  # 
 
 def test_a_canary_whose_last_step_passes_is_promoted_by_the_analysis(rollout, edges):  # type: ignore[no-untyped-def]
     assert rollout.auto_promote  # the default
-    services.advance(rollout.pk, actor="op")
-    services.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
     rollout.refresh_from_db()
     now = bake(rollout, edges, stable=series(), canary=series(ok=100))
-    assert services.check(now) == {str(rollout.pk): "promoted"}
+    assert analyst.check(now) == {str(rollout.pk): "promoted"}
     rollout.refresh_from_db()
-    assert rollout.state == "promoted" and rollout.ended_by == services.ANALYST
+    assert rollout.state == "promoted" and rollout.ended_by == analyst.ANALYST
     assert rollout.reason.startswith("last step passed: ")
     step = RolloutStep.objects.get(rollout=rollout, step=2)
     assert step.decision == "promoted" and step.analysis["verdict"] == "pass"
-    assert AuditLog.objects.filter(action="rollout.promoted", actor=services.ANALYST).exists()
+    assert AuditLog.objects.filter(action="rollout.promoted", actor=analyst.ANALYST).exists()
     # A failing last step is rolled back, not promoted: see the tests above (any step fails).
 
 
@@ -182,22 +183,22 @@ def test_too_little_traffic_extends_the_step_then_holds_the_rollout(rollout, edg
         thresholds={**rollout.thresholds, "max_extensions": 2})
     now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=5), seconds=100)
     # The step's bake time is 60 s, and it started 100 s ago: judged, and extended once.
-    assert services.check(now) == {str(rollout.pk): "extended"}
-    assert services.check(now) == {}  # the extension has not run out
+    assert analyst.check(now) == {str(rollout.pk): "extended"}
+    assert analyst.check(now) == {}  # the extension has not run out
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     assert step.extensions == 1 and step.analysis["verdict"] == "no_data"
     assert "canary served 5 requests" in step.analysis["why"]
     later = now + timedelta(seconds=60)
-    assert services.check(later) == {str(rollout.pk): "extended"}
-    assert services.check(later + timedelta(seconds=60)) == {str(rollout.pk): "held"}
+    assert analyst.check(later) == {str(rollout.pk): "extended"}
+    assert analyst.check(later + timedelta(seconds=60)) == {str(rollout.pk): "held"}
     rollout.refresh_from_db()
     step.refresh_from_db()
     assert rollout.state == "paused" and rollout.weight == 10
     assert step.decision == "no_data" and step.ended_at is None
     held = AuditLog.objects.get(action="rollout.held")
-    assert "after 2 extensions" in held.reason and held.actor == services.ANALYST
+    assert "after 2 extensions" in held.reason and held.actor == analyst.ANALYST
     # An operator resumes: the step gets its extensions again.
-    services.resume(rollout.pk, actor="op")
+    lifecycle.resume(rollout.pk, actor="op")
     step.refresh_from_db()
     assert (step.decision, step.extensions) == ("", 0)
 
@@ -209,21 +210,21 @@ def test_a_step_goes_live_only_once_its_canary_replicas_serve(catalog, tenants):
     for i in range(3):
         Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
                                url=f"http://10.0.0.{i + 1}:8000")
-    rollout = services.start(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     assert canaries.count() == 1
     deployment.refresh_from_db()
     assert (deployment.canary_revision_id, deployment.canary_weight) == (
         rollout.to_revision_id, 0)
-    assert services.check() == {}  # its replica is still launching
+    assert analyst.check() == {}  # its replica is still launching
     canaries.update(state=S.READY)
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 10
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     assert step.ready_at is not None and step.ready_at >= step.started_at
 
-    services.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
     assert canaries.count() == 3  # two more asked for, beside the stable ones
     deployment.refresh_from_db()
     assert deployment.canary_weight == 10  # the previous weight until they serve
@@ -234,14 +235,14 @@ def test_a_step_goes_live_only_once_its_canary_replicas_serve(catalog, tenants):
     pending = list(canaries.filter(state=S.PENDING))
     Replica.objects.filter(pk=pending[0].pk).update(state=S.FAILED,
                                                     last_error="quota: no A100 left in fra")
-    assert services.check() == {}
+    assert analyst.check() == {}
     assert canaries.exclude(state=S.FAILED).count() == 3
     waiting = RolloutStep.objects.get(rollout=rollout, step=1).analysis
     assert waiting == {"verdict": "waiting", "why": (
         "waiting for 3 canary replicas to serve 50%: 1 serving, 2 launching; the last "
         "launch failed: quota: no A100 left in fra")}
     canaries.exclude(state=S.FAILED).update(state=S.READY)
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 50
     assert RolloutStep.objects.get(rollout=rollout, step=1).analysis == {}
@@ -254,7 +255,7 @@ def blue_green(catalog, tenants):  # type: ignore[no-untyped-def]
     for i in range(2):
         Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
                                url=f"http://10.0.1.{i + 1}:8000")
-    rollout = services.start(deployment, actor="op", strategy="blue_green", bake_s=60,
+    rollout = start_rollout(deployment, actor="op", strategy="blue_green", bake_s=60,
                              rollback_window_s=300)
     assert (rollout.steps, rollout.rollback_window_s) == ([100], 300)
     green = Replica.objects.filter(revision=rollout.to_revision)
@@ -262,7 +263,7 @@ def blue_green(catalog, tenants):  # type: ignore[no-untyped-def]
     deployment.refresh_from_db()
     assert deployment.canary_weight == 0  # blue serves everything until green does
     green.update(state=S.READY)
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 100  # all traffic switched at once
     return rollout
@@ -273,12 +274,12 @@ def test_blue_green_keeps_the_old_set_for_its_window_then_promotes_and_retires_i
     rollout = blue_green
     blue = list(Replica.objects.filter(deployment=rollout.deployment, revision__isnull=True))
     now = bake(rollout, edges, stable=series(), canary=series(ok=100), seconds=120)
-    assert services.check(now) == {str(rollout.pk): "in_window"}  # judged, blue kept
+    assert analyst.check(now) == {str(rollout.pk): "in_window"}  # judged, blue kept
     assert all(r.state == S.READY for r in Replica.objects.filter(pk__in=[b.pk for b in blue]))
     later = now + timedelta(seconds=200)  # the 300 s window has passed since the switch
-    assert services.check(later) == {str(rollout.pk): "promoted"}
+    assert analyst.check(later) == {str(rollout.pk): "promoted"}
     rollout.refresh_from_db()
-    assert rollout.state == "promoted" and rollout.ended_by == services.ANALYST
+    assert rollout.state == "promoted" and rollout.ended_by == analyst.ANALYST
     assert "rollback window of 300 s passed" in rollout.reason
     assert {r.state for r in Replica.objects.filter(pk__in=[b.pk for b in blue])} == {
         S.DRAINING}
@@ -291,7 +292,7 @@ def test_blue_green_keeps_the_old_set_for_its_window_then_promotes_and_retires_i
 def test_blue_green_failing_in_its_window_switches_back_to_the_old_set(blue_green, edges):  # type: ignore[no-untyped-def]
     rollout = blue_green
     now = bake(rollout, edges, stable=series(), canary=series(ok=90, errors=10))
-    assert services.check(now) == {str(rollout.pk): "rolled_back"}
+    assert analyst.check(now) == {str(rollout.pk): "rolled_back"}
     deployment = rollout.deployment
     deployment.refresh_from_db()
     assert deployment.canary_weight == 0 and deployment.canary_revision_id is None
@@ -308,13 +309,13 @@ def test_blue_green_failing_in_its_window_switches_back_to_the_old_set(blue_gree
     (100, 0, 1), (20, 8, 2), (33, 2, 1),
 ])
 def test_canary_target(weight: int, stable: int, target: int) -> None:
-    assert services.canary_target(weight, stable) == target
+    assert placement.canary_target(weight, stable) == target
 
 
 def test_paused_rollouts_are_not_judged(rollout, edges):  # type: ignore[no-untyped-def]
     now = bake(rollout, edges, stable=series(ok=100), canary=series(ok=100, slow_ttft=50))
-    services.pause(rollout.pk, actor="op")
-    assert services.check(now) == {}
+    lifecycle.pause(rollout.pk, actor="op")
+    assert analyst.check(now) == {}
 
 
 def test_an_edge_first_scraped_inside_the_window_counts_from_its_first_sample(  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from controlplane.core.models import AuditLog, Role
 from controlplane.deployments.models import Deployment, ImmutableError, Replica, Revision
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import stable_revision
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst
 from controlplane.rollouts.models import Rollout, RolloutState
 from controlplane.routing import compiler
 from controlplane.routing.services import replica_views
@@ -112,7 +112,7 @@ def test_state_machine_through_the_api(deployment, operator, make_client):  # ty
     # Placed by the solver, within the deployment's jurisdictions.
     assert canary.state == S.PENDING and canary.region.jurisdiction.code == "EU"
     Replica.objects.filter(pk=canary.pk).update(state=S.READY, url="http://10.0.0.2:8000")
-    assert services.check() == {str(rid): "live"}
+    assert analyst.check() == {str(rid): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 10
     assert operator.get(f"{URL}{rid}/").json()["step_rows"][0]["ready_at"]
@@ -197,7 +197,7 @@ def test_the_compiled_table_carries_revision_weights(deployment, operator, catal
     Replica.objects.filter(pk=replica.pk).update(state=S.READY, url="http://10.0.0.2:8000")
     model = compiled(catalog)["models"]["llama-3.1-8b"]
     assert model["revisions"] == {stable: 100.0, canary: 0.0}  # listed, no share yet
-    services.check()
+    analyst.check()
     model = compiled(catalog)["models"]["llama-3.1-8b"]
     assert model["revisions"] == {stable: 95.0, canary: 5.0}
     assert {r["id"]: r["revision"] for r in model["replicas"]} == {

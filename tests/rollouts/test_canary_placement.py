@@ -9,10 +9,11 @@ import pytest
 from controlplane.core.models import AuditLog
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst, placement
 from controlplane.rollouts.models import RolloutStep
 from regions.models import Offer, Quota
 from tests.api.test_endpoints_crud import make_deployment
+from tests.rollouts.starting import start_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +32,7 @@ def deployment(catalog, tenants) -> Deployment:  # type: ignore[no-untyped-def]
 def test_a_canary_goes_on_its_revisions_preferred_gpu_type(deployment, catalog):  # type: ignore[no-untyped-def]
     l4 = Offer.objects.get(region=catalog["fra"], gpu_type=catalog["l4"])
     Replica.objects.filter(deployment=deployment).update(offer=l4)  # the stable on L4s
-    rollout = services.start(deployment, actor="op", steps=[50, 100], bake_s=60,
+    rollout = start_rollout(deployment, actor="op", steps=[50, 100], bake_s=60,
                              preferred_gpu_type=catalog["h100"])
     canaries = list(Replica.objects.filter(revision=rollout.to_revision))
     assert len(canaries) == 2
@@ -44,7 +45,7 @@ def test_a_canary_goes_on_its_revisions_preferred_gpu_type(deployment, catalog):
 
 def test_a_preferred_gpu_type_the_revision_does_not_fit_waits_saying_why(  # type: ignore[no-untyped-def]
         deployment, catalog):
-    rollout = services.start(deployment, actor="op", steps=[50, 100], bake_s=60,
+    rollout = start_rollout(deployment, actor="op", steps=[50, 100], bake_s=60,
                              preferred_gpu_type=catalog["l4"])
     assert not Replica.objects.filter(revision=rollout.to_revision).exists()
     why = RolloutStep.objects.get(rollout=rollout).analysis["why"]
@@ -52,7 +53,7 @@ def test_a_preferred_gpu_type_the_revision_does_not_fit_waits_saying_why(  # typ
 
 
 def test_without_the_gpu_type_preferred_canaries_run_on_the_type_running(deployment, catalog):  # type: ignore[no-untyped-def]
-    rollout = services.start(deployment, actor="op", steps=[50, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[50, 100], bake_s=60)
     canaries = list(Replica.objects.filter(revision=rollout.to_revision))
     assert len(canaries) == 2
     assert {c.offer.gpu_type.name for c in canaries if c.offer} == {"H100"}
@@ -65,7 +66,7 @@ def test_a_canary_without_quota_waits_and_says_why(deployment, catalog):  # type
     # has room but is outside the deployment's jurisdictions.
     Quota.objects.filter(region=catalog["fra"], gpu_type=catalog["h100"]).update(limit_gpus=2)
     Quota.objects.filter(region=catalog["ams"], gpu_type=catalog["h100"]).update(limit_gpus=0)
-    rollout = services.start(deployment, actor="op", steps=[10, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[10, 100], bake_s=60)
     assert not Replica.objects.filter(revision=rollout.to_revision).exists()
     step = RolloutStep.objects.get(rollout=rollout)
     assert step.ready_at is None and step.analysis["verdict"] == "waiting"
@@ -75,17 +76,17 @@ def test_a_canary_without_quota_waits_and_says_why(deployment, catalog):  # type
     deployment.refresh_from_db()
     assert deployment.canary_weight == 0
 
-    assert services.check() == {}  # still no room: still waiting, nothing asked for
+    assert analyst.check() == {}  # still no room: still waiting, nothing asked for
     assert not Replica.objects.filter(revision=rollout.to_revision).exists()
     assert "not placed:" in RolloutStep.objects.get(pk=step.pk).analysis["why"]
 
     Quota.objects.filter(region=catalog["ams"], gpu_type=catalog["h100"]).update(limit_gpus=8)
-    assert services.check() == {}
+    assert analyst.check() == {}
     canary = Replica.objects.get(revision=rollout.to_revision)
     assert canary.region == catalog["ams"] and canary.state == S.PENDING
     assert "not placed" not in RolloutStep.objects.get(pk=step.pk).analysis["why"]
     Replica.objects.filter(pk=canary.pk).update(state=S.READY, url="http://10.0.4.9:8000")
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     deployment.refresh_from_db()
     assert deployment.canary_weight == 10
 
@@ -110,9 +111,9 @@ def test_a_canary_goes_beside_the_stable_replicas_that_serve_the_most(  # type: 
         for at, done in ((now - timedelta(minutes=2), 100.0), (now, 100.0 + served)):
             ReplicaSample.objects.create(replica=replica, at=at,
                                          counters={"requests_ok": done})
-    rollout = services.start(deployment, actor="op", steps=[25, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[25, 100], bake_s=60)
     (canary,) = Replica.objects.filter(revision=rollout.to_revision)
     assert canary.region == catalog[busy]
-    by_region = services.served_by_region(
+    by_region = placement.served_by_region(
         Replica.objects.filter(deployment=deployment, revision__isnull=True))
     assert max(by_region, key=by_region.__getitem__) == catalog[busy].key

@@ -13,10 +13,11 @@ from controlplane.core.models import AuditLog, Role
 from controlplane.core.services import ensure_user
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst, lifecycle
 from controlplane.rollouts.models import Rollout
 from regions.models import Offer
 from tests.api.test_endpoints_crud import make_deployment
+from tests.rollouts.starting import start_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -44,16 +45,16 @@ def old_replicas(deployment: Deployment) -> list[Replica]:
 
 def test_promoting_at_100_percent_retires_the_old_revision_at_once(deployment):  # type: ignore[no-untyped-def]
     old = old_replicas(deployment)
-    rollout = services.start(deployment, actor="op", steps=[50, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[50, 100], bake_s=60)
     serve(Replica.objects.filter(revision=rollout.to_revision))
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     assert canaries.count() == 2  # 50% of the traffic: as many as the stable ones
-    services.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
     deployment.refresh_from_db()
     assert deployment.canary_weight == 100 and canaries.count() == 2
 
-    services.promote(rollout.pk, actor="op", reason="looks good")
+    lifecycle.promote(rollout.pk, actor="op", reason="looks good")
     rollout.refresh_from_db()
     deployment.refresh_from_db()
     assert deployment.stable_revision_id == rollout.to_revision_id
@@ -69,19 +70,19 @@ def test_promoting_at_100_percent_retires_the_old_revision_at_once(deployment): 
     assert sorted(event.changes["retired"]) == sorted(r.public_id for r in old)
     assert event.changes["requested"] == [] and event.changes["replicas_wanted"] == 2
     assert AuditLog.objects.filter(action="replica.draining").count() == 2
-    assert services.check() == {}  # nothing left to do
+    assert analyst.check() == {}  # nothing left to do
 
 
 def test_promoting_early_brings_the_new_revision_up_before_the_old_one_goes(  # type: ignore[no-untyped-def]
         deployment, catalog):
     old = old_replicas(deployment)
-    rollout = services.start(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[10, 50, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     serve(canaries)
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     assert canaries.count() == 1
 
-    services.promote(rollout.pk, actor="op", reason="urgent fix")
+    lifecycle.promote(rollout.pk, actor="op", reason="urgent fix")
     rollout.refresh_from_db()
     assert rollout.state == "promoted" and rollout.old_retired_at is None
     # One more replica of the new revision, placed by the solver within the deployment's
@@ -95,20 +96,20 @@ def test_promoting_early_brings_the_new_revision_up_before_the_old_one_goes(  # 
     assert event.changes["requested"] == [added.public_id]
     assert "waiting for 2 replicas of revision 2" in event.changes["waiting"]
     # The next rollout waits until the old revision is retired.
-    with pytest.raises(services.RolloutStateError, match="not retired yet"):
-        services.start(deployment, actor="op", bake_s=60)
+    with pytest.raises(lifecycle.RolloutStateError, match="not retired yet"):
+        start_rollout(deployment, actor="op", bake_s=60)
 
-    assert services.check() == {str(rollout.pk): "retiring"}
+    assert analyst.check() == {str(rollout.pk): "retiring"}
     assert canaries.count() == 2  # not asked for twice
     # Its launch fails: asked for again at the next check.
     Replica.objects.filter(pk=added.pk).update(state=S.FAILED, last_error="boom")
-    assert services.check() == {str(rollout.pk): "retiring"}
+    assert analyst.check() == {str(rollout.pk): "retiring"}
     assert canaries.exclude(state=S.FAILED).count() == 2
     assert AuditLog.objects.filter(action="rollout.replicas_requested").count() == 1
     assert {r.state for r in Replica.objects.filter(pk__in=[r.pk for r in old])} == {S.READY}
 
     serve(canaries.exclude(state=S.FAILED))
-    assert services.check() == {str(rollout.pk): "retired_old"}
+    assert analyst.check() == {str(rollout.pk): "retired_old"}
     assert {r.state for r in Replica.objects.filter(pk__in=[r.pk for r in old])} == {
         S.DRAINING}
     assert set(canaries.exclude(state=S.FAILED).values_list("state", flat=True)) == {S.READY}
@@ -116,50 +117,50 @@ def test_promoting_early_brings_the_new_revision_up_before_the_old_one_goes(  # 
     assert sorted(event.changes["retired"]) == sorted(r.public_id for r in old)
     rollout.refresh_from_db()
     assert rollout.old_retired_at is not None
-    assert services.check() == {}
-    assert services.start(deployment, actor="op", bake_s=60).state == "running"
+    assert analyst.check() == {}
+    assert start_rollout(deployment, actor="op", bake_s=60).state == "running"
 
 
 def test_a_replica_launched_after_promotion_counts_as_the_new_revision(deployment):  # type: ignore[no-untyped-def]
     """Unmarked replicas are the stable revision's: those running at promotion are marked
     as the old one, so one the autoscaler adds afterwards counts for the new one."""
-    rollout = services.start(deployment, actor="op", steps=[10, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[10, 100], bake_s=60)
     serve(Replica.objects.filter(revision=rollout.to_revision))
-    services.check()
-    services.promote(rollout.pk, actor="op")
+    analyst.check()
+    lifecycle.promote(rollout.pk, actor="op")
     pending = Replica.objects.get(revision=rollout.to_revision, state=S.PENDING)
     Replica.objects.filter(pk=pending.pk).update(state=S.FAILED)  # no replacement of ours
     later = Replica.objects.create(deployment=deployment, region=pending.region,
                                    offer=pending.offer, state=S.READY, url="http://10.0.3.1:8000")
-    assert services.check() == {str(rollout.pk): "retired_old"}
+    assert analyst.check() == {str(rollout.pk): "retired_old"}
     assert Replica.objects.get(pk=later.pk).state == S.READY
     assert not Replica.objects.filter(revision=rollout.from_revision, state=S.READY).exists()
 
 
 def test_rolling_back_retires_the_canary_and_keeps_the_old_revision(deployment):  # type: ignore[no-untyped-def]
     old = old_replicas(deployment)
-    rollout = services.start(deployment, actor="op", steps=[50, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[50, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     serve(canaries)
-    services.check()
-    services.roll_back(rollout.pk, actor="op", reason="bad")
+    analyst.check()
+    lifecycle.roll_back(rollout.pk, actor="op", reason="bad")
     assert set(canaries.values_list("state", flat=True)) == {S.DRAINING}
     assert {r.state for r in Replica.objects.filter(pk__in=[r.pk for r in old])} == {S.READY}
     assert Rollout.objects.get(pk=rollout.pk).old_retired_at is not None
-    assert services.check() == {}
+    assert analyst.check() == {}
 
 
 def test_the_rollout_page_says_whether_the_old_revision_is_retired(deployment):  # type: ignore[no-untyped-def]
-    rollout = services.start(deployment, actor="op", steps=[10, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[10, 100], bake_s=60)
     serve(Replica.objects.filter(revision=rollout.to_revision))
-    services.check()
-    services.promote(rollout.pk, actor="op")
+    analyst.check()
+    lifecycle.promote(rollout.pk, actor="op")
     client = Client()
     client.force_login(ensure_user("viewer-promo", Role.VIEWER, None))
     html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "keep serving until 2 of revision 2" in html
     serve(Replica.objects.filter(revision=rollout.to_revision))
-    services.check()
+    analyst.check()
     html = client.get(f"/rollouts/{rollout.pk}/").content.decode()
     assert "were retired" in html and "once 2 of revision 2" in html
 
@@ -172,10 +173,10 @@ def test_the_new_revision_takes_the_old_ones_regions_region_for_region(  # type:
     ams = Offer.objects.get(region=catalog["ams"], gpu_type=catalog["h100"])
     Replica.objects.create(deployment=deployment, region=catalog["ams"], offer=ams,
                            state=S.READY, url="http://10.0.1.9:8000")
-    rollout = services.start(deployment, actor="op", steps=[25, 100], bake_s=60)
+    rollout = start_rollout(deployment, actor="op", steps=[25, 100], bake_s=60)
     (canary,) = Replica.objects.filter(revision=rollout.to_revision)
     serve(Replica.objects.filter(pk=canary.pk))
-    services.promote(rollout.pk, actor="op")
+    lifecycle.promote(rollout.pk, actor="op")
     new = Replica.objects.filter(deployment=deployment).exclude(
         revision=rollout.from_revision).exclude(pk=canary.pk)
     assert sorted(r.region.key for r in [canary, *new]) == sorted(

@@ -13,10 +13,11 @@ from django.utils import timezone
 from controlplane.core.models import AuditLog
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst, lifecycle
 from controlplane.rollouts.models import Rollout, RolloutStep
 from regions.models import Offer
 from tests.api.test_endpoints_crud import make_deployment
+from tests.rollouts.starting import start_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -54,18 +55,18 @@ def live(deployment: Deployment) -> Any:
 
 
 def test_a_rollout_promoting_into_a_spread_of_3_keeps_3_regions(spread3):  # type: ignore[no-untyped-def]
-    rollout = services.start(spread3, actor="op", steps=[10, 100], bake_s=60)
+    rollout = start_rollout(spread3, actor="op", steps=[10, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     serve(canaries)
-    assert services.check() == {str(rollout.pk): "live"}
-    services.advance(rollout.pk, actor="op")
+    assert analyst.check() == {str(rollout.pk): "live"}
+    lifecycle.advance(rollout.pk, actor="op")
     # At 100% the canary's replicas are as many as the stable ones, one in each region.
     assert canaries.count() == 3
     assert regions_of(canaries) == {"aws:eu-central-1", "aws:us-east-1", "gcp:europe-west4"}
     serve(canaries)
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
 
-    services.promote(rollout.pk, actor="op", reason="good")
+    lifecycle.promote(rollout.pk, actor="op", reason="good")
     rollout.refresh_from_db()
     assert rollout.old_retired_at is not None
     serving = Replica.objects.filter(deployment=spread3, state=S.READY)
@@ -78,7 +79,7 @@ def test_promotion_of_a_revision_in_one_region_spreads_it_before_the_old_one_goe
     """Canary replicas squeezed into Frankfurt (as an earlier release placed them): the
     promotion asks for replicas in the other regions, waits for them, and only then
     retires the old revision and the surplus in Frankfurt."""
-    rollout = services.start(spread3, actor="op", steps=[10, 100], bake_s=60)
+    rollout = start_rollout(spread3, actor="op", steps=[10, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     fra = Offer.objects.get(region=catalog["fra"], gpu_type=catalog["h100"])
     Replica.objects.filter(pk__in=canaries.values("pk")).update(region=catalog["fra"],
@@ -90,7 +91,7 @@ def test_promotion_of_a_revision_in_one_region_spreads_it_before_the_old_one_goe
     serve(canaries)
     old = list(Replica.objects.filter(deployment=spread3, revision__isnull=True))
 
-    services.promote(rollout.pk, actor="op", reason="good")
+    lifecycle.promote(rollout.pk, actor="op", reason="good")
     rollout.refresh_from_db()
     assert rollout.old_retired_at is None
     asked = canaries.filter(state=S.PENDING)
@@ -100,7 +101,7 @@ def test_promotion_of_a_revision_in_one_region_spreads_it_before_the_old_one_goe
     assert {r.state for r in Replica.objects.filter(pk__in=[r.pk for r in old])} == {S.READY}
 
     serve(asked)
-    assert services.check() == {str(rollout.pk): "retired_old"}
+    assert analyst.check() == {str(rollout.pk): "retired_old"}
     serving = Replica.objects.filter(deployment=spread3, state=S.READY)
     assert serving.count() == 3 and regions_of(serving) == {
         "aws:eu-central-1", "aws:us-east-1", "gcp:europe-west4"}
@@ -109,13 +110,13 @@ def test_promotion_of_a_revision_in_one_region_spreads_it_before_the_old_one_goe
 
 
 def test_a_canary_replica_failing_during_a_step_fails_the_rollout(spread3):  # type: ignore[no-untyped-def]
-    rollout = services.start(spread3, actor="op", steps=[10, 50, 100], bake_s=60)
+    rollout = start_rollout(spread3, actor="op", steps=[10, 50, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     serve(canaries)
-    assert services.check() == {str(rollout.pk): "live"}
-    services.advance(rollout.pk, actor="op")
+    assert analyst.check() == {str(rollout.pk): "live"}
+    lifecycle.advance(rollout.pk, actor="op")
     serve(canaries)
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     # Failover found one failed its health check and replaced it with a healthy one of the
     # same revision; the step's traffic figures would never show it.
     bad = canaries.order_by("id").first()
@@ -127,7 +128,7 @@ def test_a_canary_replica_failing_during_a_step_fails_the_rollout(spread3):  # t
                            revision=rollout.to_revision, state=S.READY,
                            ready_at=timezone.now(), url="http://10.0.9.9:8000")
 
-    assert services.check() == {str(rollout.pk): "rolled_back"}
+    assert analyst.check() == {str(rollout.pk): "rolled_back"}
     rollout.refresh_from_db()
     assert rollout.state == "rolled_back"
     assert rollout.reason.startswith(
@@ -139,15 +140,15 @@ def test_a_canary_replica_failing_during_a_step_fails_the_rollout(spread3):  # t
 
 
 def test_a_failure_before_the_step_or_a_failed_launch_does_not_fail_it(spread3):  # type: ignore[no-untyped-def]
-    rollout = services.start(spread3, actor="op", steps=[10, 50, 100], bake_s=60)
+    rollout = start_rollout(spread3, actor="op", steps=[10, 50, 100], bake_s=60)
     canaries = Replica.objects.filter(revision=rollout.to_revision)
     # A launch that fails (it never served) is asked for again, not a verdict.
     first = canaries.get()
     Replica.objects.filter(pk=first.pk).update(state=S.FAILED, last_error="no capacity")
-    assert services.check() == {}
+    assert analyst.check() == {}
     assert Rollout.objects.get(pk=rollout.pk).state == "running"
     serve(canaries.exclude(state=S.FAILED))
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     # One replaced before this step started counts against that step, not this one.
     step = RolloutStep.objects.get(rollout=rollout, step=0)
     RolloutStep.objects.filter(pk=step.pk).update(started_at=timezone.now())
@@ -155,5 +156,5 @@ def test_a_failure_before_the_step_or_a_failed_launch_does_not_fail_it(spread3):
         ready_at=timezone.now() - timedelta(minutes=5),
         replacement_requested_at=timezone.now() - timedelta(minutes=1),
         state_changed_at=timezone.now() - timedelta(minutes=1))
-    assert services.check() == {}
+    assert analyst.check() == {}
     assert Rollout.objects.get(pk=rollout.pk).state == "running"

@@ -13,13 +13,14 @@ from django.utils import timezone
 from controlplane.core.models import Role
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.rollouts import services
+from controlplane.rollouts import analyst, lifecycle
 from controlplane.rollouts.models import Rollout, RolloutStep
 from controlplane.routing import compiler
 from controlplane.routing.models import Edge
 from controlplane.routing.services import replica_views
 from controlplane.telemetry.models import EdgeSample
 from tests.api.test_endpoints_crud import make_deployment
+from tests.rollouts.starting import start_rollout
 
 pytestmark = pytest.mark.django_db
 
@@ -32,11 +33,11 @@ def rollout(catalog, tenants):  # type: ignore[no-untyped-def]
     deployment = make_deployment({**catalog, **tenants}, "chat-waves", tenant=None)
     Replica.objects.create(deployment=deployment, region=catalog["fra"], state=S.READY,
                            url="http://10.0.0.1:8000")
-    rollout = services.start(deployment, actor="op", steps=[10, 100], bake_s=60,
+    rollout = start_rollout(deployment, actor="op", steps=[10, 100], bake_s=60,
                              waves=[[EU], [US]])
     Replica.objects.filter(revision=rollout.to_revision).update(state=S.READY,
                                                                  url="http://10.0.0.2:8000")
-    assert services.check() == {str(rollout.pk): "live"}
+    assert analyst.check() == {str(rollout.pk): "live"}
     return Rollout.objects.get(pk=rollout.pk)
 
 
@@ -54,24 +55,24 @@ def test_each_wave_goes_through_the_steps_while_earlier_ones_stay_at_100(rollout
     stable, canary = str(rollout.from_revision_id), str(rollout.to_revision_id)
     assert shares_at(catalog, "fra") == {stable: 90.0, canary: 10.0}
     assert shares_at(catalog, "iad") == {stable: 100.0, canary: 0.0}
-    services.advance(rollout.pk, actor="op")  # wave 1 at 100%
+    lifecycle.advance(rollout.pk, actor="op")  # wave 1 at 100%
     assert shares_at(catalog, "fra") == {stable: 0.0, canary: 100.0}
     assert shares_at(catalog, "iad") == {stable: 100.0, canary: 0.0}
-    services.advance(rollout.pk, actor="op")  # wave 2 from its first step
+    lifecycle.advance(rollout.pk, actor="op")  # wave 2 from its first step
     rollout.refresh_from_db()
     assert (rollout.current_wave, rollout.current_step, rollout.weight) == (1, 0, 10)
     # Past the first wave the canary carries every wave-1 conversation: as many canary
     # replicas as stable ones (here one, already serving), so the step is live at once.
     assert shares_at(catalog, "fra") == {stable: 0.0, canary: 100.0}
     assert shares_at(catalog, "iad") == {stable: 90.0, canary: 10.0}
-    services.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
     assert shares_at(catalog, "iad") == {stable: 0.0, canary: 100.0}
-    with pytest.raises(services.RolloutStateError, match="last step"):
-        services.advance(rollout.pk, actor="op")
+    with pytest.raises(lifecycle.RolloutStateError, match="last step"):
+        lifecycle.advance(rollout.pk, actor="op")
     steps = list(RolloutStep.objects.filter(rollout=rollout).values_list("wave", "step",
                                                                           "weight"))
     assert steps == [(0, 0, 10), (0, 1, 100), (1, 0, 10), (1, 1, 100)]
-    services.promote(rollout.pk, actor="op")
+    lifecycle.promote(rollout.pk, actor="op")
     rollout.deployment.refresh_from_db()
     assert rollout.deployment.canary_region_weights == {}
     assert "revisions" not in compiler.compile_table(
@@ -82,9 +83,9 @@ def test_each_wave_goes_through_the_steps_while_earlier_ones_stay_at_100(rollout
 
 
 def test_a_rolled_back_wave_takes_the_canary_off_every_edge(rollout, catalog):  # type: ignore[no-untyped-def]
-    services.advance(rollout.pk, actor="op")
-    services.advance(rollout.pk, actor="op")
-    services.roll_back(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
+    lifecycle.advance(rollout.pk, actor="op")
+    lifecycle.roll_back(rollout.pk, actor="op")
     rollout.deployment.refresh_from_db()
     assert (rollout.deployment.canary_weight, rollout.deployment.canary_region_weights) == (
         0, {})
@@ -107,7 +108,7 @@ def test_a_wave_is_judged_at_its_own_edges_only(rollout, catalog):  # type: igno
         EdgeSample.objects.create(edge=edge, at=start - timedelta(seconds=1), revisions={})
         EdgeSample.objects.create(edge=edge, at=start + timedelta(seconds=100), revisions={
             stable: counts(100, 0), canary: counts(100, canary_errors)})
-    assert services.check() == {str(rollout.pk): "advanced"}
+    assert analyst.check() == {str(rollout.pk): "advanced"}
     judged = RolloutStep.objects.get(pk=step.pk).analysis
     assert judged["edge_regions"] == [EU] and judged["canary"]["errors"] == 0
     assert judged["canary"]["edges"] == 1

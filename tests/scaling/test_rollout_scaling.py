@@ -112,3 +112,28 @@ def test_without_a_rollout_the_idlest_goes_whatever_its_revision(split):  # type
     load = {r.pk: 10.0 for r in split["replicas"]} | {canary_replica.pk: 0.0}
     row = act(split["deployment"], DOWN, 4, 3, load)
     assert row is not None and row.signals["retired"] == [canary_replica.public_id]
+
+
+def test_a_canary_share_keeps_the_canary_spread_over_regions(catalog, tenants):  # type: ignore[no-untyped-def]
+    """spread_regions 2: stable replicas in Frankfurt and Amsterdam, the canary's one in
+    Virginia (the cheapest region). Its share of a scale-up goes, as a rollout places it, to
+    a region the canary lacks (beside the stable replicas), not beside its first replica in
+    the cheapest region, which would leave a canary at 100% in one region."""
+    deployment = make_deployment({**catalog, **tenants}, "chat-spread-split", tenant=None)
+    deployment.allowed_jurisdictions.set([catalog["eu"], catalog["us"]])
+    deployment.user_regions.set([])
+    stable_revision(deployment)
+    canary = Revision.objects.create(deployment=deployment, number=2,
+                                     model=catalog["llama8b"], engine_args={"engine": "vllm"})
+    Deployment.objects.filter(pk=deployment.pk).update(
+        canary_revision=canary, canary_weight=50, spread_regions=2, max_replicas=8)
+    for i, (key, revision) in enumerate((("fra", None), ("ams", None), ("iad", canary))):
+        offer = Offer.objects.get(region=catalog[key], gpu_type=catalog["h100"])
+        Replica.objects.create(deployment=deployment, region=catalog[key], offer=offer,
+                               state=S.READY, url=f"http://10.0.8.{i}:8000", revision=revision)
+    deployment.refresh_from_db()
+    row = act(deployment, UP, 3, 5)
+    assert row is not None and row.signals["revisions"] == {"stable": 1, "canary 2": 1}
+    regions = {r.region.key for r in Replica.objects.filter(revision=canary)
+               .select_related("region__cloud")}
+    assert regions == {catalog["iad"].key, catalog["ams"].key}, row.signals["placement"]

@@ -2,21 +2,25 @@
 
 A canary at 100% and a promoted revision become the whole fleet, so the revision's own
 replicas must span as many regions as `spread_regions` asks (or as many as they are, when
-fewer). Each placement of a revision's replicas first puts one replica in each region it
-still lacks, preferring the regions given (those the stable revision serves: the busiest
-alone when one served more than the others, else the solver's cheapest of them), then
-wherever the solver finds room; every placement goes through the solver
-(`scaling.autoscaler.place_scale_up`), so residency, quota and latency targets hold.
+fewer). Each placement of a revision's replicas (a rollout's, and the autoscaler's share for
+a canary) first puts one replica in each region it still lacks, preferring the regions given,
+then wherever the solver finds room; every placement goes through the solver
+(`scale_up.place_scale_up`), so residency, quota and latency targets hold. The caller asks
+for each replica (`request`), since provisioning sits above placement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.placement.proposals import offer_options
-from controlplane.provisioning.tasks import request_replicas
-from controlplane.scaling.autoscaler import place_scale_up
+from controlplane.placement.scale_up import place_scale_up
+from regions.models import Offer, Region
+
+# Asks for one replica of the revision at (region, offer, spot); returns those made (none
+# once the tenant's caps allow no more).
+Request = Callable[[Region, Offer, bool], list[Replica]]
 
 
 def regions_short(spread_regions: int, own_regions: Iterable[str], own: int, adding: int) -> int:
@@ -27,13 +31,13 @@ def regions_short(spread_regions: int, own_regions: Iterable[str], own: int, add
 
 def place_spread_first(deployment: Deployment, sized: Deployment, revision: Revision,
                        active: list[Replica], count: int, gpu_types: set[str],
-                       tries: Sequence[set[str]], *, actor: str, reason: str,
+                       tries: Sequence[set[str]], request: Request,
                        ) -> tuple[list[Replica], list[str]]:
     """Up to `count` replicas of `revision`, one in each region its replicas still lack for
-    the spread rule: each in the first of `tries` (sets of regions; the solver picks the
-    cheapest within one) that has a region they lack and room, else in any region they lack
-    that the solver finds room in. `active` (the deployment's live replicas) grows by what
-    is asked for. Returns the replicas asked for and how each was placed."""
+    the spread rule: each in the first of `tries` (sets of regions; the solver picks the cheapest within one) that has a
+    region they lack and room, else in any region they lack that the solver finds room in.
+    `active` (the deployment's live replicas) grows by what is asked for. Returns the
+    replicas asked for and how each was placed."""
     own = [r for r in active if r.revision_id == revision.pk]
     covered = {r.region.key for r in own}
     short = regions_short(deployment.spread_regions, covered, len(own), count)
@@ -51,8 +55,7 @@ def place_spread_first(deployment: Deployment, sized: Deployment, revision: Revi
         if placement is None or not placement.slots:
             break
         region, offer, spot, _ = placement.slots[0]
-        new = request_replicas(deployment, region, 1, actor=actor, reason=reason,
-                               spot=spot, offer=offer, revision=revision)
+        new = request(region, offer, spot)
         if not new:
             break  # the tenant's caps: nothing more may be asked for
         made += new
@@ -62,3 +65,4 @@ def place_spread_first(deployment: Deployment, sized: Deployment, revision: Revi
         hows.append(f"{region.key} for the spread rule ({deployment.spread_regions} "
                     f"regions): {placement.how}")
     return made, hows
+
