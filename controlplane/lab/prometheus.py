@@ -1,5 +1,6 @@
-"""Prometheus in the lab, when its binary is installed: the shipped config, copied beside the
-target files the control plane writes, the command line to run it, and the start itself."""
+"""Prometheus in the lab, when its binary is installed: the shipped config and its rules,
+copied beside the target files the control plane writes, the command line to run it, and the
+start itself."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from controlplane.lab.processes import ProcessGroup
 from controlplane.lab.waiting import WaitTimeout, wait_until
 
 CONFIG = Path(__file__).resolve().parents[2] / "infra" / "prometheus" / "prometheus.yml"
+# Recording and alerting rules, which the config names as rules/*.yml beside itself.
+RULES = CONFIG.parent / "rules"
 
 
 def prometheus_argv(var_dir: Path, listen: str, binary: str | None = None) -> list[str] | None:
@@ -25,6 +28,8 @@ def prometheus_argv(var_dir: Path, listen: str, binary: str | None = None) -> li
     (home / "targets").mkdir(parents=True, exist_ok=True)
     config = home / "prometheus.yml"
     shutil.copyfile(CONFIG, config)
+    shutil.rmtree(home / "rules", ignore_errors=True)
+    shutil.copytree(RULES, home / "rules", ignore=shutil.ignore_patterns("tests"))
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
             "--storage.tsdb.retention.time=2d", f"--web.listen-address={listen}"]
 
