@@ -8,6 +8,7 @@ How many canary replicas a step needs (`canary_target`) is here too."""
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 
@@ -25,6 +26,7 @@ from controlplane.placement.spread_first import Request, place_spread_first
 from controlplane.provisioning.tasks import request_replicas
 from controlplane.rollouts.models import Rollout
 from controlplane.telemetry.models import ReplicaSample
+from controlplane.telemetry.windows import growth
 from regions.models import Offer, Region
 
 # How far back the stable replicas' served requests are counted to find the busiest region.
@@ -117,19 +119,22 @@ def _requester(deployment: Deployment, revision: Revision, actor: str, reason: s
 def served_by_region(replicas: Iterable[Replica],
                      now: datetime | None = None) -> dict[str, float]:
     """Requests these replicas finished in the last BUSIEST_WINDOW, by region (cloud:code),
-    from the engines' counters as telemetry stored them; 0 for a region without samples."""
+    from the engines' counters as telemetry stored them, an engine restart inside the window
+    counted from its new start (`telemetry.windows.growth`); 0 for a region without
+    samples."""
     now = now or timezone.now()
-    served: dict[str, float] = {}
-    for replica in replicas:
-        key = replica.region.key
-        served.setdefault(key, 0.0)
-        rows = ReplicaSample.objects.filter(replica_id=replica.pk, up=True,
-                                            at__gte=now - BUSIEST_WINDOW, at__lte=now)
-        first, last = rows.order_by("at").first(), rows.order_by("-at").first()
-        if first is not None and last is not None:
-            grew = (last.counters.get("requests_ok", 0.0)
-                    - first.counters.get("requests_ok", 0.0))
-            served[key] += max(grew, 0.0)
+    replicas = list(replicas)
+    served = {r.region.key: 0.0 for r in replicas}
+    region_of = {r.pk: r.region.key for r in replicas}
+    readings: dict[int, list[dict[str, float]]] = defaultdict(list)
+    rows = (ReplicaSample.objects.filter(replica_id__in=list(region_of), up=True,
+                                         at__gte=now - BUSIEST_WINDOW, at__lte=now)
+            .order_by("replica_id", "at").values_list("replica_id", "counters"))
+    for replica_id, counters in rows:
+        readings[replica_id].append(counters)
+    for replica_id, counters_seen in readings.items():
+        grew = growth(counters_seen, ("requests_ok",)).get("requests_ok", 0.0)
+        served[region_of[replica_id]] += grew
     return served
 
 

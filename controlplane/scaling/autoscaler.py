@@ -50,9 +50,10 @@ from controlplane.scaling import rules as policy
 from controlplane.scaling.models import ScalingDecision
 from controlplane.scaling.rules import DOWN, UP, Decision, Fleet, History, Round, Settings
 from controlplane.scaling.services import retire_replica
-from controlplane.telemetry.edge_metrics import REQUEST_LABELS, counter_delta, split_key
+from controlplane.telemetry.edge_metrics import REQUEST_LABELS, split_key
 from controlplane.telemetry.histograms import bucket_delta, histogram_quantile
 from controlplane.telemetry.models import EdgeSample, ReplicaSample
+from controlplane.telemetry.windows import growth
 from regions.models import Offer, Region
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,8 @@ def unserved_requests(deployments: Sequence[Deployment], now: datetime,
     for samples in series.values():
         if len(samples) < 2:
             continue
-        for key, n in counter_delta(samples[-1][1], samples[0][1]).items():
+        # Every scrape in the window: an edge restarted inside it counts from its new start.
+        for key, n in growth([requests for _, requests in samples]).items():
             labels = split_key(key, REQUEST_LABELS)
             if labels["region"] == "" and labels["status"] in UNSERVED_STATUSES:
                 unrouted[(labels["model"], labels["tenant"])] += n

@@ -117,3 +117,34 @@ def test_a_canary_goes_beside_the_stable_replicas_that_serve_the_most(  # type: 
     by_region = placement.served_by_region(
         Replica.objects.filter(deployment=deployment, revision__isnull=True))
     assert max(by_region, key=by_region.__getitem__) == catalog[busy].key
+
+
+def test_an_engine_restart_inside_the_window_still_counts_what_it_served(  # type: ignore[no-untyped-def]
+        deployment, catalog):
+    """Amsterdam's one stable replica served the most, but its engine restarted inside the
+    window (its counter fell from 1300 to 50): comparing the window's ends read it as 0 and
+    put the canary in Frankfurt. Counted across the restart, it served 650 to Frankfurt's
+    200, and the canary goes to Amsterdam."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.telemetry.models import ReplicaSample
+
+    ams = Offer.objects.get(region=catalog["ams"], gpu_type=catalog["h100"])
+    Replica.objects.create(deployment=deployment, region=catalog["ams"], offer=ams,
+                           state=S.READY, url="http://10.0.4.9:8000")
+    now = timezone.now()
+    ams_counts = ((4, 1000.0), (2, 1300.0), (1, 50.0), (0, 350.0))
+    fra_counts = ((4, 100.0), (0, 200.0))
+    for replica in Replica.objects.filter(deployment=deployment).select_related("region"):
+        counts = ams_counts if replica.region == catalog["ams"] else fra_counts
+        for minutes, done in counts:
+            ReplicaSample.objects.create(replica=replica, at=now - timedelta(minutes=minutes),
+                                         counters={"requests_ok": done})
+    by_region = placement.served_by_region(
+        Replica.objects.filter(deployment=deployment).select_related("region__cloud"), now)
+    assert by_region == {catalog["ams"].key: 650.0, catalog["fra"].key: 200.0}
+    rollout = start_rollout(deployment, actor="op", steps=[25, 100], bake_s=60)
+    (canary,) = Replica.objects.filter(revision=rollout.to_revision)
+    assert canary.region == catalog["ams"]

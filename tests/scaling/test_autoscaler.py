@@ -244,6 +244,24 @@ def test_batch_scales_to_zero_and_back_on_edge_demand(catalog, sent_tasks):  # t
     assert woken.placed == ["gcp:europe-west4"]
 
 
+def test_an_edge_restart_inside_the_window_keeps_the_unserved_requests(catalog):  # type: ignore[no-untyped-def]
+    """An edge that restarted between scrapes (its 404 counter fell from 5 to 1) still
+    reports the requests it could not route before the restart: 4 before and 1 after, not
+    the 1 that comparing only the window's ends finds."""
+    from controlplane.routing.models import Edge
+
+    d = make_deployment(catalog, name="nightly", tier=Tier.BATCH, min_replicas=0)
+    edge = Edge.objects.create(name="edge-eu", region=catalog["fra"],
+                               admin_url="http://127.0.0.1:8199")
+    now = timezone.now()
+    EdgeSample.objects.bulk_create([
+        EdgeSample(edge=edge, at=now - timedelta(seconds=6), requests={"nightly||acme|404": 1}),
+        EdgeSample(edge=edge, at=now - timedelta(seconds=4), requests={"nightly||acme|404": 5}),
+        EdgeSample(edge=edge, at=now - timedelta(seconds=2), requests={"nightly||acme|404": 1}),
+    ])
+    assert autoscaler.unserved_requests([d], now, 10.0) == {d.pk: 5.0}
+
+
 def test_the_task_runs_the_loop_under_its_lock(catalog):  # type: ignore[no-untyped-def]
     from controlplane.core.locks import advisory_lock
     from controlplane.scaling.tasks import autoscale
