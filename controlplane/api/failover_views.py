@@ -15,9 +15,10 @@ from controlplane.api.fields import RegionKeyField
 from controlplane.api.strict_input import StrictSerializer
 from controlplane.core.models import Role
 from controlplane.core.services import principal_for
-from controlplane.failover import services
+from controlplane.failover import drills
 from controlplane.failover.models import Incident, RegionHealth
 from controlplane.failover.timeline import missing as missing_stages
+from controlplane.failover.timeline import timeline as timeline_of
 
 
 class IncidentSerializer(serializers.ModelSerializer):
@@ -35,7 +36,7 @@ class IncidentSerializer(serializers.ModelSerializer):
 
     def get_timeline(self, incident: Incident) -> dict[str, float | None]:
         """Seconds from the start to each stage; null where not reached yet."""
-        return services.timeline(incident)
+        return timeline_of(incident)
 
     def get_stage_notes(self, incident: Incident) -> dict[str, str]:
         """Why each stage not reached is missing, in words (keys as in `timeline`, less _s)."""
@@ -95,9 +96,9 @@ class IncidentViewSet(TenantScopedViewSet, mixins.ListModelMixin, mixins.Retriev
         body = DrillRequest(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            incident = services.start_drill(body.validated_data["region"],
+            incident = drills.start_drill(body.validated_data["region"],
                                             actor=self.principal.username)
-        except services.DrillRefused as exc:
+        except drills.DrillRefused as exc:
             return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
         return Response(IncidentSerializer(incident).data, status=status.HTTP_201_CREATED)
 

@@ -7,23 +7,25 @@ replacements inside the allowed jurisdictions through the solver, and keep a tim
 2. push routing tables right away when anything failed (the edges have already ejected the
    replica on their own after its first errors; this makes every edge agree);
 3. record the failures on an incident: the open drill or incident of that region, else a
-   new one (spot replicas that vanish are `spot_preempted`);
+   new one (spot replicas that vanish are `spot_preempted`; `incidents`);
 4. derive each region's health;
 5. place replacements for failed replicas through the solver, leaving out regions that are
-   down or keep failing, with the spread lowered to the regions that are left;
-6. move open incidents along their timeline.
+   down or keep failing, with the spread lowered to the regions that are left
+   (`replacements`);
+6. move open incidents along their timeline (`incidents`).
+
+Drills, which kill a lab region's replicas on purpose, are in `drills`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
@@ -36,7 +38,7 @@ from controlplane.deployments.lifecycle import (
     IllegalTransition,
     transition,
 )
-from controlplane.deployments.models import Deployment, Replica
+from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.failover.health import (
     DOWN_HOLD_S,
@@ -46,28 +48,22 @@ from controlplane.failover.health import (
     region_state,
     replica_verdict,
 )
+from controlplane.failover.incidents import (
+    ACTOR,
+    HEALTH_WINDOW,
+    progress_incidents,
+    record_failures,
+)
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
-from controlplane.failover.notes import failures, note, stage_note
+from controlplane.failover.notes import note
 from controlplane.failover.probes import probe_all
-from controlplane.failover.timeline import QUIET_RESOLVE, timeline
-from controlplane.placement import proposals
-from controlplane.provisioning.local import LocalProvider
-from controlplane.provisioning.services import get_provider, handle_of, terminate_failed
-from controlplane.provisioning.tasks import request_replicas
+from controlplane.failover.replacements import replace_failed
 from controlplane.routing import services as routing
-from controlplane.telemetry.models import ReplicaSample
-from regions.models import Region
 
 log = logging.getLogger(__name__)
 
-ACTOR = "system:failover"
-HEALTH_WINDOW = timedelta(minutes=10)
 DOWN_HOLD = timedelta(seconds=DOWN_HOLD_S)
-# A region where a deployment lost this many replicas within the window gets no more of its
-# replacements until the window passes (a backoff for regions that keep failing).
-FLAPPING_FAILURES = 3
 TIMEOUT_KEY = "meridian:failover:timeouts:{}"
-NOTE_KEY = "meridian:failover:noted:{}"
 STARTING_STATES = (S.PENDING, S.PROVISIONING, S.STARTING)
 
 
@@ -168,235 +164,7 @@ def push_tables_now(reason: str) -> int | None:
     return None
 
 
-# -- 3. incidents -----------------------------------------------------------------------------
-
-def record_failures(failed: list[Replica], *, tables_pushed: bool,
-                    now: datetime | None = None) -> list[Incident]:
-    now = now or timezone.now()
-    by_region: dict[int, list[Replica]] = defaultdict(list)
-    for replica in failed:
-        by_region[replica.region_id].append(replica)
-    incidents = []
-    for region_id, replicas in by_region.items():
-        with transaction.atomic():
-            incident = (Incident.objects.select_for_update()
-                        .filter(region_id=region_id, resolved_at__isnull=True,
-                                started_at__gte=now - HEALTH_WINDOW)
-                        .order_by("-started_at").first())
-            names = [r.public_id for r in replicas]
-            if incident is None:
-                spot = all(r.spot for r in replicas)
-                incident = Incident.objects.create(
-                    kind=IncidentKind.SPOT_PREEMPTED if spot else IncidentKind.REPLICA_FAILED,
-                    region_id=region_id, started_at=now, detected_at=now,
-                    summary=f"{', '.join(names)} failed in {replicas[0].region.key}",
-                )
-                record_audit(ACTOR, "failover.incident", incident, reason=incident.summary,
-                             changes={"replicas": names, "errors": [r.last_error for r in replicas]})
-            incident.detected_at = incident.detected_at or now
-            incident.failed_replicas = sorted(set(incident.failed_replicas) | set(names))
-            if tables_pushed and incident.tables_pushed_at is None:
-                incident.tables_pushed_at = timezone.now()
-            note(incident, f"detected {', '.join(names)} failed: " + failures(
-                (r.public_id, r.url, r.last_error) for r in replicas), at=now)
-            incident.save()
-        incidents.append(incident)
-    return incidents
-
-
-# -- 4. replacements --------------------------------------------------------------------------
-
-def excluded_regions(deployment: Deployment, now: datetime | None = None) -> dict[str, str]:
-    """Region keys where no replacement should go, with why: down, under a drill that is
-    still open, or failing again and again."""
-    now = now or timezone.now()
-    out: dict[str, str] = {}
-    for cloud, code, reason in (RegionHealth.objects.filter(state=Health.DOWN)
-                                .values_list("region__cloud__name", "region__code", "reason")):
-        out[f"{cloud}:{code}"] = f"down: {reason}" if reason else "down"
-    for cloud, code, pk in (Incident.objects.filter(kind=IncidentKind.DRILL,
-                                                    resolved_at__isnull=True)
-                            .values_list("region__cloud__name", "region__code", "pk")):
-        out.setdefault(f"{cloud}:{code}", f"drill #{pk} is still open")
-    flapping = (deployment.replicas.filter(last_error__gt="", state_changed_at__gte=now - HEALTH_WINDOW,
-                                           state__in=(S.FAILED, S.TERMINATED))
-                .values("region__cloud__name", "region__code").annotate(n=Count("id"))
-                .filter(n__gte=FLAPPING_FAILURES))
-    for row in flapping:
-        out.setdefault(f"{row['region__cloud__name']}:{row['region__code']}",
-                       f"{row['n']} of its replicas failed there within "
-                       f"{HEALTH_WINDOW.total_seconds() / 60:.0f} min")
-    return out
-
-
-def replace_failed() -> list[str]:
-    made: list[str] = []
-    for deployment_id in (Replica.objects.filter(state=S.FAILED)
-                          .values_list("deployment_id", flat=True).distinct()):
-        made.extend(replace_for(deployment_id))
-    return made
-
-
-@dataclass
-class Replacement:
-    """Where replacements went and why, for the incident's timeline."""
-
-    replicas: list[Replica]
-    region: str
-    why: str
-
-    def text(self) -> str:
-        names = ", ".join(r.public_id for r in self.replicas)
-        return f"{names} → {self.region}: {self.why}"
-
-
-def replace_for(deployment_id: int) -> list[str]:
-    """Place replacements for a deployment's failed replicas, then release the failed ones.
-
-    In place first: a failed replica's region takes its replacement unless that region is
-    excluded (down, drilled, flapping) or has no room. What is left goes elsewhere through
-    the solver, inside the deployment's jurisdictions, with the spread lowered to the regions
-    left; the periodic replan moves it back once the lost region is usable and the spread
-    rule is broken.
-
-    Idempotent on the loss: the failed replicas are stamped `replacement_requested_at` in
-    the transaction that requests their replacements, and their resources are released only
-    after it commits. A pass that dies in between (a killed worker) leaves them failed and
-    stamped; the next pass only releases them, as their replacements already count among
-    the live replicas.
-    """
-    with transaction.atomic():
-        deployment = (Deployment.objects.select_for_update().select_related("model")
-                      .prefetch_related("allowed_jurisdictions", "user_regions")
-                      .get(pk=deployment_id))
-        lost = list(deployment.replicas.filter(state=S.FAILED)
-                    .select_related("region__cloud", "offer__gpu_type"))
-        failed = [r for r in lost if r.replacement_requested_at is None]
-        names: list[str] = []
-        if failed:
-            live = list(deployment.replicas.filter(state__in=LIVE_STATES)
-                        .select_related("offer__gpu_type"))
-            # Draining replicas are on their way out: neither counted nor kept.
-            active = [r for r in live if r.state != S.DRAINING]
-            target = min(deployment.max_replicas,
-                         max(deployment.min_replicas, len(active) + len(failed)))
-            placed: list[Replacement] = []
-            if target > len(active):
-                placed = _place_replacements(deployment, failed, live, active,
-                                             target - len(active))
-                if not placed:
-                    failed = []  # retried on the next pass
-            if failed:
-                names = [r.public_id for p in placed for r in p.replicas]
-                _keep_canary_revision(deployment, failed, placed)
-                _attach_replacements(failed, names, placed)
-                Replica.objects.filter(pk__in=[r.pk for r in failed]).update(
-                    replacement_requested_at=timezone.now())
-        answered = [r for r in lost if r.replacement_requested_at is not None] + failed
-    for dead in answered:
-        terminate_failed(dead)
-    return names
-
-
-def _place_replacements(deployment: Deployment, failed: list[Replica], live: list[Replica],
-                        active: list[Replica], need: int) -> list[Replacement]:
-    skip = excluded_regions(deployment)
-    # Replacements are counted one for one, without demand, so they keep the GPU type of
-    # what failed (or still runs): the same engine on it serves as much. Nodes that cannot
-    # hold the deployment's TP × PP are no options of the solver's.
-    gpus = {r.offer.gpu_type.name for r in [*live, *failed] if r.offer is not None}
-    names = ", ".join(r.public_id for r in failed)
-    lost = Counter(r.region.key for r in failed)
-    everywhere = {o.region for o in proposals.offer_options()}
-    placed: list[Replacement] = []
-    kept: list[Replica] = list(active)
-    why_not_here: dict[str, str] = {}
-    for region, n in sorted(lost.items()):
-        if need <= 0:
-            break
-        if region in skip:
-            why_not_here[region] = skip[region]
-            continue
-        here = proposals.place_additions(deployment, kept, min(n, need), gpu_types=gpus,
-                                         avoid_regions=everywhere - {region}, lower_spread=True)
-        if not here.slots:
-            why_not_here[region] = "no room: " + "; ".join(here.result.explanation[:1])
-            continue
-        made = _request(deployment, here.slots, f"replace {names} in place")
-        placed.append(Replacement(made, region, "in place (the region is usable)"))
-        kept += made
-        need -= len(made)
-    if need > 0:
-        elsewhere = proposals.place_additions(deployment, kept, need, gpu_types=gpus,
-                                              avoid_regions=set(skip), lower_spread=True)
-        if not elsewhere.slots and not placed:
-            _note_once(failed, f"no replacement for {deployment.name}: "
-                       + "; ".join(elsewhere.result.explanation[:2]))
-            return []
-        away = "; ".join(f"{k} {v}" for k, v in sorted(why_not_here.items())) or "cheapest"
-        reason = f"replace {names} elsewhere ({away})"
-        for offer, spot, count in elsewhere.slots:
-            made = _request(deployment, [(offer, spot, count)], reason)
-            placed.append(Replacement(
-                made, offer.region.key,
-                f"elsewhere, inside the deployment's jurisdictions ({away}); the periodic "
-                "replan moves it back once the spread rule is broken and the region is usable"))
-    return placed
-
-
-def _keep_canary_revision(deployment: Deployment, failed: list[Replica],
-                          placed: list[Replacement]) -> None:
-    """While a rollout is in progress, a failed canary replica's replacement runs the canary
-    revision (those in its region first): otherwise the canary's capacity would quietly
-    become the stable revision's. Set before the launches, which are enqueued on commit."""
-    canary = deployment.canary_revision_id
-    lost = [r for r in failed if canary is not None and r.revision_id == canary]
-    if not lost:
-        return
-    regions = {r.region_id for r in lost}
-    made = sorted((r for p in placed for r in p.replicas), key=lambda r: r.region_id not in regions)
-    chosen = made[:len(lost)]
-    Replica.objects.filter(pk__in=[r.pk for r in chosen]).update(revision_id=canary)
-    for replica in chosen:
-        replica.revision_id = canary
-
-
-def _request(deployment: Deployment, slots: list[tuple[Any, bool, int]], reason: str
-             ) -> list[Replica]:
-    made: list[Replica] = []
-    for offer, spot, count in slots:
-        made += request_replicas(deployment, offer.region, count, actor=ACTOR, reason=reason,
-                                 spot=spot, offer=offer)
-    return made
-
-
-def _attach_replacements(failed: list[Replica], names: list[str],
-                         placed: list[Replacement]) -> None:
-    ids = {r.public_id for r in failed}
-    for incident in Incident.objects.select_for_update().filter(resolved_at__isnull=True):
-        if ids & set(incident.failed_replicas):
-            incident.replacements = sorted(set(incident.replacements) | set(names))
-            if not placed:
-                note(incident, "replacements requested: none needed (enough replicas serve)")
-            for p in placed:
-                note(incident, "replacement requested: " + p.text())
-            incident.save(update_fields=["replacements", "notes"])
-
-
-def _note_once(failed: list[Replica], text: str) -> None:
-    """Record why replacement is stuck, once a minute at most (the loop runs every second)."""
-    if not redis_client().set(NOTE_KEY.format(hash(text)), "1", nx=True, ex=60):
-        return
-    ids = {r.public_id for r in failed}
-    for incident in Incident.objects.filter(resolved_at__isnull=True):
-        if ids & set(incident.failed_replicas):
-            note(incident, text)
-            incident.save(update_fields=["notes"])
-    record_audit(ACTOR, "failover.replacement_blocked", object_type="deployments.deployment",
-                 object_id=str(failed[0].deployment_id), reason=text)
-
-
-# -- 5. region health -------------------------------------------------------------------------
+# -- 4. region health -------------------------------------------------------------------------
 
 def region_counts(now: datetime | None = None) -> dict[int, RegionCounts]:
     now = now or timezone.now()
@@ -469,117 +237,3 @@ def _mark_region_down(region_id: int, now: datetime) -> None:
     elif incident is not None:
         note(incident, "region is down: no replica serves there")
         incident.save(update_fields=["notes"])
-
-
-# -- 6. timelines -----------------------------------------------------------------------------
-
-def progress_incidents(now: datetime | None = None) -> list[int]:
-    """Fill in timeline stamps that became true; returns ids of incidents resolved now."""
-    now = now or timezone.now()
-    resolved: list[int] = []
-    open_incidents = list(Incident.objects.filter(resolved_at__isnull=True, detected_at__isnull=False))
-    if not open_incidents:
-        return resolved
-    behind = None
-    for incident in open_incidents:
-        changed = False
-        if incident.tables_pushed_at is None:
-            behind = routing.edges_behind() if behind is None else behind
-            if not behind:
-                incident.tables_pushed_at, changed = now, True
-        ids = [int(name.removeprefix("r-")) for name in incident.replacements]
-        replacements = list(Replica.objects.filter(pk__in=ids))
-        if incident.replacement_ready_at is None and replacements and all(
-                r.state in SERVING_STATES for r in replacements):
-            incident.replacement_ready_at = max(r.ready_at or now for r in replacements)
-            stage_note(incident, "replacement_ready_at", "replacements ready")
-            changed = True
-        if (incident.replacement_ready_at and incident.traffic_back_at is None
-                and _served_requests(ReplicaSample, ids)):
-            incident.traffic_back_at = now
-            stage_note(incident, "traffic_back_at", "replacements serve traffic")
-            changed = True
-        nothing_to_replace = not incident.replacements and not Replica.objects.filter(
-            pk__in=[int(n.removeprefix("r-")) for n in incident.failed_replicas],
-            state=S.FAILED).exists()
-        if incident.tables_pushed_at and (
-                incident.traffic_back_at
-                or (incident.replacement_ready_at and now - incident.replacement_ready_at > QUIET_RESOLVE)
-                or (nothing_to_replace and incident.detected_at is not None
-                    and now - incident.detected_at > QUIET_RESOLVE)):
-            incident.resolved_at = now
-            stage_note(incident, "resolved_at", "resolved")
-            record_audit(ACTOR, "failover.resolved", incident, reason=incident.summary,
-                         changes=timeline(incident))
-            resolved.append(incident.pk)
-            changed = True
-        if changed:
-            incident.save()
-    return resolved
-
-
-def _served_requests(sample_model: Any, replica_ids: list[int]) -> bool:
-    if not replica_ids:
-        return False
-    for counters in (sample_model.objects.filter(replica_id__in=replica_ids, up=True)
-                     .order_by("replica_id", "-at").distinct("replica_id")
-                     .values_list("counters", flat=True)):
-        if counters.get("requests_ok", 0) > 0 or counters.get("generation_tokens", 0) > 0:
-            return True
-    return False
-
-
-# -- drills -----------------------------------------------------------------------------------
-
-class DrillRefused(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        self.field, self.message = field, message
-        super().__init__(message)
-
-
-def region_by_key(key: str) -> Region:
-    region = Region.objects.select_related("cloud").filter(**Region.key_filter(key)).first()
-    if region is None:
-        raise DrillRefused("region", f"no region {key!r}; use cloud:code, e.g. local:ap-tokyo")
-    return region
-
-
-def drillable() -> Any:
-    """Replicas a drill would kill: live local ones not already draining."""
-    return Replica.objects.staying().filter(provider="local", region__cloud__name="local")
-
-
-def drill_victims(region: Region) -> list[Replica]:
-    """The replicas a drill in `region` would kill; DrillRefused says why there can be none."""
-    if region.cloud.name != "local":
-        raise DrillRefused("region", f"drills kill local lab replicas only; {region.key} is on "
-                                     f"{region.cloud.name}")
-    victims = list(drillable().filter(region=region).select_related("deployment"))
-    if not victims:
-        raise DrillRefused("region", f"no local replica runs in {region.key}")
-    if Incident.objects.filter(region=region, kind=IncidentKind.DRILL,
-                               resolved_at__isnull=True).exists():
-        raise DrillRefused("region", f"a drill in {region.key} is still running")
-    return victims
-
-
-def start_drill(region: Region, *, actor: str) -> Incident:
-    """Kill every local replica of `region` (SIGKILL, no drain) and open a drill incident;
-    the watch loop then handles it as it would a real region loss."""
-    victims = drill_victims(region)
-    now = timezone.now()
-    names = [r.public_id for r in victims]
-    incident = Incident.objects.create(
-        kind=IncidentKind.DRILL, region=region, started_by=actor, started_at=now,
-        summary=f"Drill: kill {len(victims)} replica{'s' if len(victims) != 1 else ''} "
-                f"in {region.key}")
-    record_audit(actor, "failover.drill", incident, reason=incident.summary,
-                 changes={"replicas": names})
-    provider = get_provider("local")
-    for replica in victims:
-        handle = handle_of(replica)
-        if handle is not None and isinstance(provider, LocalProvider):
-            provider.kill(handle)
-    note(incident, f"killed {', '.join(names)}")
-    incident.save(update_fields=["notes"])
-    return incident

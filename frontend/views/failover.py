@@ -10,10 +10,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 
 from controlplane.core.models import Role
-from controlplane.failover import services
+from controlplane.failover import drills
 from controlplane.failover.health import DOWN_HOLD_S
 from controlplane.failover.models import Health, Incident, RegionHealth
-from controlplane.failover.timeline import MEANINGS, missing
+from controlplane.failover.timeline import MEANINGS, missing, timeline
 from frontend import charts, fleet
 from frontend.access import principal_of
 from frontend.views.common import dashboard_view, forbidden, paginate, render_page
@@ -25,7 +25,7 @@ HEALTH_ORDER = {"down": 0, "degraded": 1, "idle": 2, "healthy": 3}
 def drill_regions() -> list[tuple[str, int]]:
     """Local regions with replicas a drill could kill: (key, how many)."""
     counts: dict[str, int] = {}
-    for cloud, code in services.drillable().values_list("region__cloud__name", "region__code"):
+    for cloud, code in drills.drillable().values_list("region__cloud__name", "region__code"):
         key = f"{cloud}:{code}"
         counts[key] = counts.get(key, 0) + 1
     return sorted(counts.items())
@@ -43,13 +43,13 @@ def _live_context(request: HttpRequest) -> dict[str, object]:
     incidents = Incident.objects.select_related("region__cloud").order_by("-started_at")
     page = paginate(request, incidents, per_page=20)
     charted = [{"label": f"#{i.pk} {i.get_kind_display()} · {i.region.key if i.region else '—'}",
-                "timeline": services.timeline(i)} for i in incidents[:CHARTED]]
+                "timeline": timeline(i)} for i in incidents[:CHARTED]]
     in_flight = (incidents.filter(resolved_at__isnull=True).exists()
                  or any(h.state in (Health.DOWN, Health.DEGRADED) for h in health))
     return {
         "health": health,
         "page": page,
-        "rows": [(i, services.timeline(i), missing(i)) for i in page],
+        "rows": [(i, timeline(i), missing(i)) for i in page],
         "figure": charts.incident_timeline_figure(charted) if charted else None,
         "in_flight": in_flight,
         "refresh_s": fleet.refresh_s(in_flight),
@@ -83,13 +83,13 @@ def drill(request: HttpRequest) -> HttpResponse:
         return forbidden(request, "Drills are for platform staff (users with no tenant).")
     key = request.POST.get("region", "")
     try:
-        region = services.region_by_key(key)
+        region = drills.region_by_key(key)
         if request.POST.get("confirm") != "yes":
-            victims = services.drill_victims(region)
+            victims = drills.drill_victims(region)
             return render_page(request, "frontend/failover_confirm.html",
                                {"region": region, "victims": victims}, section="failover")
-        incident = services.start_drill(region, actor=principal_of(request).username)
-    except services.DrillRefused as refused:
+        incident = drills.start_drill(region, actor=principal_of(request).username)
+    except drills.DrillRefused as refused:
         messages.error(request, f"{refused.field}: {refused.message}")
         return redirect("frontend:failover")
     messages.success(request, f"Drill #{incident.pk} started: {incident.summary}. The timeline "

@@ -11,6 +11,7 @@ from controlplane.deployments.models import Replica
 from controlplane.failover import services
 from controlplane.failover.models import Incident
 from controlplane.failover.notes import failures, scrub
+from controlplane.failover.timeline import timeline
 
 from .conftest import dead_url, fail_one_and_ready_its_replacement
 
@@ -61,7 +62,7 @@ def test_a_stage_note_is_the_stages_stored_time_and_figure(  # type: ignore[no-u
                    if text.startswith("replacements ready")]
     assert incident.replacement_ready_at is not None
     assert datetime.fromisoformat(at) == incident.replacement_ready_at
-    seconds = services.timeline(incident)["replacement_ready_s"]
+    seconds = timeline(incident)["replacement_ready_s"]
     assert text == f"replacements ready at +{seconds:.3f} s"
     stamps = [datetime.fromisoformat(at) for at, _ in incident.notes]
     assert stamps == sorted(stamps)

@@ -8,7 +8,7 @@ import pytest
 
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.failover import services
+from controlplane.failover import replacements, services
 from controlplane.failover.models import Incident
 
 from .conftest import dead_url
@@ -28,7 +28,7 @@ def test_a_pass_killed_before_releasing_the_failed_replica_does_not_replace_it_t
     def killed(replica: Replica) -> None:
         raise WatchDied
 
-    monkeypatch.setattr(services, "terminate_failed", killed)
+    monkeypatch.setattr(replacements, "terminate_failed", killed)
     with pytest.raises(WatchDied):
         services.watch()
     # The crash point: the replacement is committed, the failed replica still failed.
@@ -51,7 +51,7 @@ def test_a_loss_with_no_room_anywhere_is_retried_and_not_marked_answered(  # typ
         catalog, deployment, ready_replica, engines, sent_tasks, monkeypatch):
     ready_replica(deployment, catalog["fra"], engines().url)
     gone = ready_replica(deployment, catalog["fra"], dead_url())
-    monkeypatch.setattr(services, "_place_replacements", lambda *args: [])
+    monkeypatch.setattr(replacements, "_place_replacements", lambda *args: [])
     services.watch()
     gone.refresh_from_db()
     assert gone.state == S.FAILED and gone.replacement_requested_at is None

@@ -14,8 +14,9 @@ from controlplane.core.models import AuditLog
 from controlplane.deployments.lifecycle import transition
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
-from controlplane.failover import services, tasks
+from controlplane.failover import incidents, services, tasks
 from controlplane.failover.models import Health, Incident, IncidentKind, RegionHealth
+from controlplane.failover.timeline import QUIET_RESOLVE, timeline
 from controlplane.telemetry.models import ReplicaSample
 from regions.models import GpuType, Offer, Quota
 
@@ -47,7 +48,7 @@ def test_a_refused_probe_fails_the_replica_and_a_replacement_is_placed_inside_th
     assert incident.detected_at is not None and incident.tables_pushed_at is not None  # no edges
     assert RegionHealth.objects.get(region=catalog["fra"]).state == Health.DEGRADED
     assert AuditLog.objects.filter(action="replica.failed", object_id=str(gone.pk),
-                                   actor=services.ACTOR).exists()
+                                   actor=incidents.ACTOR).exists()
 
 
 def test_watching_twice_acts_once(catalog, deployment, ready_replica, engines, sent_tasks):  # type: ignore[no-untyped-def]
@@ -124,8 +125,8 @@ def test_the_timeline_fills_in_until_traffic_is_back(catalog, deployment, ready_
     services.watch()
     incident.refresh_from_db()
     assert incident.traffic_back_at is not None and incident.resolved_at is not None
-    timeline = services.timeline(incident)
-    assert 0 <= timeline["detected_s"] <= timeline["tables_pushed_s"] <= timeline["resolved_s"]
+    stamps = timeline(incident)
+    assert 0 <= stamps["detected_s"] <= stamps["tables_pushed_s"] <= stamps["resolved_s"]
 
 
 def test_a_quiet_incident_resolves_a_minute_after_its_replacements_are_ready(  # type: ignore[no-untyped-def]
@@ -138,8 +139,8 @@ def test_a_quiet_incident_resolves_a_minute_after_its_replacements_are_ready(  #
                                              url=engines().url)
     services.watch()
     assert Incident.objects.get().resolved_at is None
-    later = timezone.now() + services.QUIET_RESOLVE + timedelta(seconds=1)
-    assert services.progress_incidents(later) == [Incident.objects.get().pk]
+    later = timezone.now() + QUIET_RESOLVE + timedelta(seconds=1)
+    assert incidents.progress_incidents(later) == [Incident.objects.get().pk]
 
 
 def test_a_second_worker_skips_while_the_first_holds_the_lock(db):  # type: ignore[no-untyped-def]

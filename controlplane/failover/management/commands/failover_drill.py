@@ -15,8 +15,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.failover.drills import DrillRefused, region_by_key, start_drill
 from controlplane.failover.models import Incident
-from controlplane.failover.services import DrillRefused, region_by_key, start_drill
 from controlplane.failover.timeline import MEANINGS, STAGES, missing, stage_name
 
 
