@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES, STAYING_STATES
+from controlplane.deployments.lifecycle import LIVE_STATES, SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica, Revision
 from controlplane.placement.scale_up import (
     Placement,
@@ -75,7 +75,7 @@ def place_revision(deployment: Deployment, revision: Revision, count: int, *, ac
     those the spread rule asks for."""
     if count <= 0:
         return [], ""
-    active = list(Replica.objects.filter(deployment=deployment, state__in=STAYING_STATES)
+    active = list(Replica.objects.staying().filter(deployment=deployment)
                   .select_related("region__cloud", "offer__gpu_type"))
     gpu_types = preferred_gpu_types(revision)
     sized = sized_for(deployment, revision)

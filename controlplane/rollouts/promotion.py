@@ -39,15 +39,14 @@ def retiring() -> QuerySet[Rollout]:
 def new_fleet(rollout: Rollout) -> QuerySet[Replica]:
     """After promotion, the new (now stable) revision's replicas that count: live, not
     draining; unmarked ones were launched since the promotion, with its settings."""
-    return (Replica.objects.filter(deployment_id=rollout.deployment_id,
-                                   state__in=STAYING_STATES)
+    return (Replica.objects.staying().filter(deployment_id=rollout.deployment_id)
             .filter(Q(revision=rollout.to_revision) | Q(revision__isnull=True)))
 
 
 def old_fleet(rollout: Rollout) -> QuerySet[Replica]:
     """After promotion, the replicas of earlier revisions still to retire."""
-    return (Replica.objects.filter(deployment_id=rollout.deployment_id,
-                                   state__in=STAYING_STATES, revision__isnull=False)
+    return (Replica.objects.staying().filter(deployment_id=rollout.deployment_id,
+                                             revision__isnull=False)
             .exclude(revision=rollout.to_revision).order_by("id"))
 
 

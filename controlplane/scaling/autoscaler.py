@@ -280,7 +280,7 @@ def act(snap: Snapshot, decision: Decision) -> ScalingDecision | None:
         # One scale per deployment at a time (operators scale under the same lock).
         deployment = (Deployment.objects.select_for_update(of=("self",))
                       .select_related("model", "tenant").get(pk=snap.deployment.pk))
-        active = list(deployment.replicas.filter(state__in=STAYING_STATES)
+        active = list(deployment.replicas.staying()
                       .select_related("region__cloud", "offer__gpu_type"))
         if len(active) != decision.before:
             return None  # someone scaled it since the snapshot: decide again next tick

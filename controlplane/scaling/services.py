@@ -12,7 +12,7 @@ from django.db import transaction
 
 from controlplane.core.services import record_audit
 from controlplane.deployments import caps
-from controlplane.deployments.lifecycle import SERVING_STATES, STAYING_STATES
+from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.provisioning import services as provisioning
 from controlplane.provisioning.tasks import finish_drain, request_replicas, terminate_replica
@@ -51,7 +51,7 @@ class ScaleResult:
 def _active(deployment: Deployment) -> list[Replica]:
     """Replicas that count towards the deployment's size: live and not on their way out."""
     return list(
-        deployment.replicas.filter(state__in=STAYING_STATES)
+        deployment.replicas.staying()
         .select_related("region").order_by("-created_at")
     )
 
