@@ -32,25 +32,18 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
 from controlplane.deployments.caps import plan_allowances
-from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S
 from controlplane.deployments.services import mark_placeable, mark_unplaceable
-from controlplane.failover.models import Health, RegionHealth
 from controlplane.placement import basis
-from controlplane.placement import rules as placement_rules
-from controlplane.placement.candidates import CandidateIndex
-from controlplane.placement.capacity import replica_nodes
 from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanStatus
 from controlplane.placement.problem import ExistingReplica, OfferOption, PlacementProblem
 from controlplane.placement.proposals import (
@@ -65,40 +58,17 @@ from controlplane.placement.result import PlacementResult
 from controlplane.placement.search import solve_placeable
 from controlplane.plans import apply as plans
 from controlplane.plans import freshness
-from regions.models import Quota, Region
+from controlplane.plans.broken_rules import (
+    BrokenRule,
+    Thresholds,
+    down_regions,
+    find_broken_rules,
+)
+from regions.models import Region
 
 ACTOR = "system:replan"
 IN_FLIGHT = (PlanStatus.APPLYING,)
 ChangeRow = tuple[int, str, int | None, int, bool, int]  # deployment, action, offer, region…
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    min_saving_usd_h: float = 1.0
-    min_saving_fraction: float = 0.05
-    price_change_fraction: float = 0.02
-    rejected_cooldown: timedelta = timedelta(hours=24)
-
-    @classmethod
-    def from_settings(cls) -> Thresholds:
-        meridian = settings.MERIDIAN
-        return cls(meridian["REPLAN_MIN_SAVING_USD_H"], meridian["REPLAN_MIN_SAVING_FRACTION"],
-                   meridian["REPLAN_PRICE_CHANGE_FRACTION"], meridian["REPLAN_REJECTED_COOLDOWN"])
-
-    def saving_passes(self, before: float, after: float) -> bool:
-        saving = before - after
-        return (saving >= self.min_saving_usd_h and before > 0
-                and saving / before >= self.min_saving_fraction)
-
-
-@dataclass(frozen=True)
-class BrokenRule:
-    kind: str  # region_disabled | region_down | offer_missing | jurisdiction | spread | latency
-    # | quota | price
-    detail: str
-    deployment: str = ""
-    region: str = ""
-    replicas: tuple[int, ...] = ()
 
 
 @dataclass
@@ -121,157 +91,6 @@ class ReplanOutcome:
                 "broken": [b.kind for b in self.broken], "superseded": self.superseded,
                 "cost_before_usd_h": round(self.cost_before_usd_h, 4),
                 "cost_after_usd_h": round(self.cost_after_usd_h, 4)}
-
-
-# -- broken rules -----------------------------------------------------------------------------
-
-def _live(deployments: list[Deployment]) -> list[Replica]:
-    return list(Replica.objects.staying().filter(deployment__in=deployments)
-                .select_related("deployment", "region__cloud", "region__jurisdiction",
-                                "offer__gpu_type", "offer__region__cloud"))
-
-
-def down_regions() -> dict[int, str]:
-    return dict(RegionHealth.objects.filter(state=Health.DOWN).values_list("region_id", "reason"))
-
-
-def plan_prices(replica_ids: list[int]) -> dict[int, float]:
-    """$/h per replica as priced by the newest plan that added it."""
-    wanted = set(replica_ids)
-    prices: dict[int, float] = {}
-    changes = PlanChange.objects.filter(
-        action=ChangeAction.ADD, plan__status__in=(PlanStatus.APPLYING, PlanStatus.APPLIED),
-        count__gt=0).exclude(replica_ids=[]).order_by("plan_id", "id")
-    for change in changes.only("replica_ids", "usd_h_delta", "count"):
-        each = float(change.usd_h_delta) / change.count
-        for pk in change.replica_ids:
-            if pk in wanted:
-                prices[pk] = each
-    return prices
-
-
-def find_broken_rules(deployments: list[Deployment], options: tuple[OfferOption, ...],
-                      thresholds: Thresholds) -> list[BrokenRule]:
-    """Every rule the running replicas of `deployments` break, grouped per deployment/region."""
-    replicas = _live(deployments)
-    down = down_regions()
-    groups: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
-    allowed = {d.pk: {j.pk for j in d.allowed_jurisdictions.all()} for d in deployments}
-    for r in replicas:
-        region, name = r.region.key, r.deployment.name
-        if not r.region.enabled or not r.region.cloud.enabled:
-            what = "region" if not r.region.enabled else f"cloud {r.region.cloud.name}"
-            groups[("region_disabled", name, region, f"{region}: {what} disabled")].append(r.pk)
-        elif r.region_id in down:
-            why = down[r.region_id] or "no healthy replicas"
-            groups[("region_down", name, region, f"{region} is down ({why})")].append(r.pk)
-        if r.offer_id is None:
-            groups[("offer_missing", name, region,
-                    f"no offer behind it in {region} any more")].append(r.pk)
-        if r.region.jurisdiction_id not in allowed.get(r.deployment_id, set()):
-            groups[("jurisdiction", name, region,
-                    f"{region} is outside the jurisdictions {name} allows")].append(r.pk)
-    broken = [BrokenRule(kind, detail, name, region, tuple(pks))
-              for (kind, name, region, detail), pks in groups.items()]
-    shapes = _Shapes(deployments, options)
-    broken += _spread_broken(deployments, replicas, shapes)
-    broken += _quota_broken(replicas, shapes)
-    broken += _price_broken(replicas, shapes, thresholds)
-    return broken
-
-
-class _Shapes:
-    """Nodes per replica, as provisioning launched it: the deployment's tp × pp ranks on
-    its offer's nodes (`capacity.replica_nodes`). A layout the nodes cannot hold (settings
-    changed since the launch) has no count of its own; it counts one node, like a replica
-    that cannot be sized at all."""
-
-    def __init__(self, deployments: list[Deployment], options: tuple[OfferOption, ...]) -> None:
-        self.options = {o.id: o for o in options}
-        self.requests = {d.pk: deployment_request(d) for d in deployments}
-        self.index = CandidateIndex(options)
-
-    def nodes(self, r: Replica) -> int:
-        o = self.options.get(r.offer_id) if r.offer_id else None
-        d = self.requests.get(r.deployment_id)
-        if o is None or d is None:
-            return 1
-        shape = self.index.shape(d, o)
-        if shape is not None:
-            return shape.nodes
-        return replica_nodes(d.tensor_parallel, d.pipeline_parallel, o.gpus_per_node) or 1
-
-
-def _spread_broken(deployments: list[Deployment], replicas: list[Replica], shapes: _Shapes
-                   ) -> list[BrokenRule]:
-    """The spread and latency rules the live replicas break (`placement.rules.violations`,
-    the words the API, the dashboard and the alert use); spread only where enough usable
-    regions exist (failover lowers the spread while a region is down; this moves back).
-    Residency is `find_broken_rules`' jurisdiction check, per region."""
-    placed: dict[int, list[placement_rules.Placed]] = defaultdict(list)
-    for r in replicas:
-        placed[r.deployment_id].append(placement_rules.placed(r))
-    out = []
-    for d in deployments:
-        allowed = shapes.requests[d.pk].allowed_jurisdictions
-        usable = {o.region for o in shapes.options.values() if o.jurisdiction in allowed}
-        for v in placement_rules.violations(placement_rules.Rules.of(d), placed.get(d.pk, [])):
-            if v.kind == placement_rules.SPREAD and len(usable) >= d.spread_regions:
-                out.append(BrokenRule("spread", f"{d.name}: {v.text}", d.name, "", v.replicas))
-            elif v.kind == placement_rules.LATENCY:
-                out.append(BrokenRule("latency", f"{d.name}: {v.text}", d.name, "", v.replicas))
-    return out
-
-
-def _quota_broken(replicas: list[Replica], shapes: _Shapes) -> list[BrokenRule]:
-    ours: Counter[tuple[int, int]] = Counter()
-    who: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for r in replicas:
-        if r.offer is not None:
-            key = (r.region_id, r.offer.gpu_type_id)
-            ours[key] += r.offer.gpus_per_node * shapes.nodes(r)
-            who[key].append(r.pk)
-    if not ours:
-        return []
-    mine = {r.pk for r in replicas}
-    everyone = Counter(ours)
-    for r in Replica.objects.filter(state__in=LIVE_STATES, offer__isnull=False).exclude(
-            pk__in=mine).select_related("offer"):
-        if r.offer is not None:
-            everyone[(r.region_id, r.offer.gpu_type_id)] += (
-                r.offer.gpus_per_node * shapes.nodes(r))
-    out = []
-    for q in Quota.objects.filter(region_id__in={k[0] for k in ours}).select_related(
-            "region__cloud", "gpu_type"):
-        key = (q.region_id, q.gpu_type_id)
-        if key not in ours:
-            continue
-        used = max(q.in_use_gpus, everyone[key])
-        if used > q.limit_gpus:
-            out.append(BrokenRule(
-                "quota", f"{q.region.key} runs {used} {q.gpu_type.name} GPUs under a quota of "
-                f"{q.limit_gpus}", "", q.region.key, tuple(sorted(who[key]))))
-    return out
-
-
-def _price_broken(replicas: list[Replica], shapes: _Shapes, thresholds: Thresholds
-                  ) -> list[BrokenRule]:
-    then = plan_prices([r.pk for r in replicas])
-    if not then:
-        return []
-    moved: dict[tuple[str, str, str], list[tuple[int, float, float]]] = defaultdict(list)
-    for r in replicas:
-        o = shapes.options.get(r.offer_id) if r.offer_id else None
-        if r.pk not in then or o is None:
-            continue
-        nodes = shapes.nodes(r)
-        per_node = o.spot_usd_h if r.spot and o.spot_usd_h is not None else o.on_demand_usd_h
-        now, was = per_node * nodes, then[r.pk]
-        if was > 0 and abs(now - was) / was > thresholds.price_change_fraction:
-            moved[(r.deployment.name, r.region.key, o.label)].append((r.pk, was, now))
-    return [BrokenRule("price", f"{label}: ${rows[0][1]:.2f}/h when placed, ${rows[0][2]:.2f}/h "
-                       "now", name, region, tuple(pk for pk, _, _ in rows))
-            for (name, region, label), rows in moved.items()]
 
 
 # -- the problem and the run ------------------------------------------------------------------
@@ -371,6 +190,17 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
                           f"{thresholds.min_saving_fraction:.0%})")
         return outcome
 
+    earlier = _same_as_earlier(scope, thresholds, result, broken, outcome)
+    if earlier is not None:
+        return earlier
+    return _propose(deployments, taken, result, broken, thresholds, outcome)
+
+
+def _same_as_earlier(scope: list[str], thresholds: Thresholds, result: PlacementResult,
+                     broken: list[BrokenRule], outcome: ReplanOutcome) -> ReplanOutcome | None:
+    """The outcome when an earlier replan plan already holds these changes: still proposed
+    (applied now if allowed), infeasible for the same reason, or rejected by a person within
+    the cooldown; None when none does and a new plan is to be proposed."""
     signature = _result_signature(result, broken)
     infeasible_text = "\n".join(result.explanation)
     for earlier in _replan_plans(scope, thresholds):
@@ -394,7 +224,7 @@ def replan(*, thresholds: Thresholds | None = None) -> ReplanOutcome:
         outcome.reason = (f"{earlier.reviewed_by} rejected the same changes in plan "
                           f"{earlier.pk} at {earlier.reviewed_at:%Y-%m-%d %H:%M}")
         return outcome
-    return _propose(deployments, taken, result, broken, thresholds, outcome)
+    return None
 
 
 def _replan_plans(scope: list[str], thresholds: Thresholds) -> list[Plan]:

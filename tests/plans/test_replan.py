@@ -21,7 +21,8 @@ from controlplane.placement.models import ChangeAction, Plan, PlanChange, PlanSt
 from controlplane.placement.proposals import offer_options
 from controlplane.plans import apply as plans
 from controlplane.plans import tasks
-from controlplane.plans.replan import ReplanOutcome, Thresholds, find_broken_rules, replan
+from controlplane.plans.broken_rules import Thresholds, find_broken_rules
+from controlplane.plans.replan import ReplanOutcome, replan
 from regions.models import Offer, Quota
 from tests.api.test_endpoints_crud import make_deployment
 
