@@ -52,7 +52,7 @@ class ThresholdError(ValueError):
         self.field = field
 
 
-def check_thresholds(given: Any, defaults: Mapping[str, float]) -> dict[str, float]:
+def check_thresholds(given: object, defaults: Mapping[str, float]) -> dict[str, float]:
     """The defaults with the given overrides, each checked against its bounds."""
     if given is None:
         given = {}
