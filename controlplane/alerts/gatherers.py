@@ -11,13 +11,11 @@ from typing import Any
 from django.db.models import F, Max, Min, Q
 
 from controlplane.alerts import rules
-from controlplane.alerts.models import (
-    Rule,
-)
+from controlplane.alerts.models import Rule
 from controlplane.alerts.rules import Finding
 from controlplane.alerts.thresholds import Thresholds
 from controlplane.core.models import Tenant
-from controlplane.costs.services import month_to_date_usd
+from controlplane.costs.budgets import month_to_date_usd
 from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.failover.models import RegionHealth

@@ -21,7 +21,7 @@ from controlplane.api.query_params import ChecksQueryParams
 from controlplane.core import money
 from controlplane.core.models import Tenant
 from controlplane.core.services import principal_for
-from controlplane.costs import services
+from controlplane.costs import budgets, services
 from controlplane.costs.models import CostRollup
 
 
@@ -42,7 +42,7 @@ class CostQuerySerializer(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         now = timezone.now()
         attrs.setdefault("until", now)
-        attrs.setdefault("since", services.month_bounds(attrs["until"])[0])
+        attrs.setdefault("since", budgets.month_bounds(attrs["until"])[0])
         if attrs["since"] >= attrs["until"]:
             raise serializers.ValidationError({"until": "until must be after since."})
         return attrs
@@ -193,7 +193,7 @@ class BudgetViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         tenants = self.filter_queryset(self.get_queryset())
-        return Response(BudgetSerializer(services.budget_statuses(list(tenants)), many=True).data)
+        return Response(BudgetSerializer(budgets.budget_statuses(list(tenants)), many=True).data)
 
     @extend_schema(responses=BudgetSerializer,
                    parameters=[OpenApiParameter("name", str, OpenApiParameter.PATH,
@@ -202,4 +202,4 @@ class BudgetViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         tenant = self._tenants(request).filter(name=name).first()
         if tenant is None:
             raise Http404(f"no tenant {name!r}")
-        return Response(BudgetSerializer(services.budget_status(tenant)).data)
+        return Response(BudgetSerializer(budgets.budget_status(tenant)).data)

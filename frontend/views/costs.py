@@ -2,7 +2,7 @@
 tenants' spend this month against their budgets.
 
 Every figure is an aggregate in Postgres (a fixed number of queries whatever the fleet's or
-the tenants' number); the numbers come from controlplane.costs.services, as in the API.
+the tenants' number); the numbers come from controlplane.costs (services, budgets), as in the API.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from controlplane.core.models import Tenant
-from controlplane.costs import services
+from controlplane.costs import budgets, services
 from controlplane.costs.models import CostRollup, RollupHour
 from frontend import charts
 from frontend.access import principal_of
@@ -40,7 +40,7 @@ class PeriodForm(forms.Form):
 def window(period: str, now: datetime) -> tuple[datetime, datetime, str]:
     """[since, until) and the chart bucket of a period; since on an hour boundary. Pure."""
     _, back, bucket = PERIODS[period]
-    since = services.month_bounds(now)[0] if back is None else services.hour_of(now - back)
+    since = budgets.month_bounds(now)[0] if back is None else services.hour_of(now - back)
     return since, now, bucket
 
 
@@ -57,19 +57,19 @@ def _over_time(rows: Any, bucket: str) -> list[dict[str, Any]]:
 
 def _budgets(principal: Any, now: datetime) -> tuple[list[dict[str, Any]], int]:
     """Tenants with a budget or spend this month, nearest their budget first."""
-    start, _ = services.month_bounds(now)
+    start, _ = budgets.month_bounds(now)
     tenants = Tenant.objects.visible_to(principal).order_by("name")
     spenders = (CostRollup.objects.filter(hour__gte=start, usd__gt=0).exclude(tenant="")
                 .values("tenant"))
     tenants = tenants.filter(Q(monthly_budget_usd__isnull=False) | Q(name__in=spenders))
     chosen = list(tenants[:BUDGET_ROWS + 1])
     more = max(len(chosen) - BUDGET_ROWS, 0)
-    statuses = sorted(services.budget_statuses(chosen[:BUDGET_ROWS], now),
+    statuses = sorted(budgets.budget_statuses(chosen[:BUDGET_ROWS], now),
                       key=lambda b: (-(b.projected_fraction or -1), b.tenant))
     return [{"status": status, "scale": _bar_scale(status)} for status in statuses], more
 
 
-def _bar_scale(status: services.BudgetStatus) -> dict[str, float]:
+def _bar_scale(status: budgets.BudgetStatus) -> dict[str, float]:
     """Where the spent bar, the projection and the budget line fall, in % of the bar. Pure."""
     top = max(status.budget_usd or 0.0, status.projected_usd, status.spent_usd)
     if top <= 0:

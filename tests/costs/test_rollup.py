@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from controlplane.costs import services
+from controlplane.costs import budgets, services
 from controlplane.costs.models import CostRollup, RollupHour, TokenUsage
 from controlplane.deployments.models import Replica
 
@@ -142,7 +142,7 @@ def test_dedicated_deployment_cost_goes_to_its_tenant(tenants, make_deployment, 
     services.rollup_hour(H10, now=H10 + timedelta(hours=2))
     assert rows() == {("llama-3.1-8b", FRA, "acme"): (0, 0, FRA_H100),
                       ("llama-3.1-8b", FRA, "globex"): (10, 0, Decimal(0))}
-    assert services.month_to_date_usd("acme", now=H10 + timedelta(hours=2)) == float(FRA_H100)
+    assert budgets.month_to_date_usd("acme", now=H10 + timedelta(hours=2)) == float(FRA_H100)
 
 
 @pytest.mark.django_db

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from controlplane.core.models import Role, Tenant
-from controlplane.costs import services
+from controlplane.costs import budgets, services
 from controlplane.costs.models import CostRollup
 from frontend import charts
 from frontend.views.costs import _bar_scale, window
@@ -112,8 +112,8 @@ def test_window() -> None:
 
 
 def _status(spent: float, budget: float | None, projected: float) -> Any:
-    start, end = services.month_bounds(datetime(2026, 11, 20, tzinfo=UTC))
-    return services.BudgetStatus("acme", spent, budget, None, projected, None, start, end)
+    start, end = budgets.month_bounds(datetime(2026, 11, 20, tzinfo=UTC))
+    return budgets.BudgetStatus("acme", spent, budget, None, projected, None, start, end)
 
 
 def test_budget_bar_scale() -> None:
