@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from controlplane.provisioning.local import LocalProvider, kill_group, runs
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_processes import kill_group, runs
 
 # A launch job that was running when the lab died may still write its record: look again.
 SWEEPS = 3

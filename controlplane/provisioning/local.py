@@ -14,6 +14,9 @@ from `MERIDIAN_LAB_NETNS`; `bench/failover.py --fault partition` makes them): it
 and relays then run inside it (`ip netns exec`, which execs, so pids and command lines are
 the program's own) and listen on its address, so taking its link down is a real partition —
 packets dropped, nothing acknowledged or reset — for the edges and the control plane alike.
+
+Which process is ours and how a group is stopped is `local_processes.py`; lab regions, their
+namespaces and the delays between them are `local_regions.py`.
 """
 
 from __future__ import annotations
@@ -27,11 +30,9 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,12 +46,19 @@ from controlplane.provisioning.base import (
     ReplicaSpec,
 )
 from controlplane.provisioning.engine_args import ENGINE_KINDS, tls_args, vllm_serve_args
-from regions.geo import great_circle_km, one_way_ms
+from controlplane.provisioning.local_processes import (
+    STOP_GRACE_S,
+    kill_group,
+    process_started,
+    runs,
+)
+from controlplane.provisioning.local_regions import (
+    FIXED_ONE_WAY_MS,
+    LabRegion,
+    RegionNamespace,
+    one_way_delay_ms,
+)
 
-# Added to every one-way delay: a relay hop and a router or two even between neighbours.
-FIXED_ONE_WAY_MS = 0.25
-# How long an engine gets to drain on SIGTERM before its process group is killed.
-STOP_GRACE_S = 5.0
 # A record younger than this without a relay may belong to a launch still in progress in
 # another worker; adopt() and reap() leave it alone.
 LAUNCH_GRACE_S = 30.0
@@ -63,91 +71,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a running process; a zombie (exited, not yet reaped) counts as dead."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = proc_stat(pid)
-    if fields is None:
-        return True
-    if fields[0] == "Z":
-        try:
-            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-        except ChildProcessError:
-            pass
-        return False
-    return True
-
-
-def process_cmdline(pid: int) -> list[str] | None:
-    """The argv a live process was started with (None when it is gone or unreadable)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part] or None
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state first), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields or None
-
-
-def process_started(pid: int) -> int | None:
-    """When the kernel started the process (clock ticks since boot), or None when it is gone.
-    It stays the same across exec, unlike the command line (tools/vllm-cpu execs Python)."""
-    fields = proc_stat(pid)
-    try:
-        return int(fields[19]) if fields is not None else None
-    except (IndexError, ValueError):
-        return None
-
-
-def is_our_process(pid: int | None, cmdline: list[str] | None,
-                   started: int | None = None) -> bool:
-    """The pid is alive and is still the process we started (pids are reused after exit):
-    by its start time where the record has one, else by its command line."""
-    if not pid or not pid_alive(int(pid)):
-        return False
-    if started is not None:
-        return process_started(int(pid)) == started
-    if not cmdline:
-        return True  # a record from before cmdlines were kept: the pid is all we have
-    return process_cmdline(int(pid)) == list(cmdline)
-
-
-def runs(record: Mapping[str, Any], prefix: str = "") -> bool:
-    """The record's engine (prefix "") or relay (prefix "relay_") is alive and ours."""
-    return is_our_process(record.get(f"{prefix}pid"), record.get(f"{prefix}cmdline"),
-                          record.get(f"{prefix}pid_started"))
-
-
-def kill_group(pid: int, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the process group, then SIGKILL it if it outlives the grace period."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            return  # not ours (the pid was reused by another user's process)
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                return
-            time.sleep(0.05)
 
 
 def gpu_engine_available() -> bool:
@@ -176,56 +99,6 @@ def local_model(model: str) -> str:
     lower-cased), else the id itself: nothing is downloaded at run time either way."""
     directory = LOCAL_MODELS / model.rsplit("/", 1)[-1].lower()
     return str(directory) if (directory / "config.json").is_file() else model
-
-
-def one_way_delay_ms(a: tuple[float, float], b: tuple[float, float],
-                     fixed_ms: float = FIXED_ONE_WAY_MS) -> float:
-    """Fibre delay over the great circle between two (lat, lon) points, plus a fixed cost."""
-    return round(one_way_ms(great_circle_km(a[0], a[1], b[0], b[1])) + fixed_ms, 3)
-
-
-@dataclass(frozen=True)
-class RegionNamespace:
-    """The network namespace a lab region's processes run in, and its address there."""
-
-    name: str
-    address: str
-
-
-def parse_netns(text: str, variable: str = "MERIDIAN_LAB_NETNS") -> dict[str, RegionNamespace]:
-    """`local:eu-frankfurt=mrdnet-1-0@10.213.0.2,...` → region → namespace; ValueError naming
-    `variable` and the entry when one is malformed."""
-    out: dict[str, RegionNamespace] = {}
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        region, _, rest = entry.partition("=")
-        name, _, address = rest.partition("@")
-        if not region or not name or not address or any(c.isspace() for c in entry):
-            raise ValueError(f"{variable}: {entry!r} is not REGION=NAMESPACE@ADDRESS, e.g. "
-                             "local:eu-frankfurt=mrdnet-1-0@10.213.0.2")
-        out[region] = RegionNamespace(name, address)
-    return out
-
-
-@dataclass(frozen=True)
-class LabRegion:
-    code: str  # as the control plane names it, e.g. "local:eu-frankfurt" (or bare)
-    latitude: float
-    longitude: float
-    price_usd_h: float | None = None
-
-    @classmethod
-    def of(cls, value: LabRegion | Mapping[str, Any]) -> LabRegion:
-        if isinstance(value, LabRegion):
-            return value
-        price = value.get("price_usd_h")
-        return cls(str(value["code"]), float(value["latitude"]), float(value["longitude"]),
-                   float(price) if price is not None else None)
-
-    @property
-    def bare_code(self) -> str:
-        return self.code.split(":", 1)[1] if ":" in self.code else self.code
 
 
 class LocalProvider:

@@ -26,7 +26,8 @@ from controlplane.deployments.services import engine_args_of
 from controlplane.deployments.shape import replica_nodes
 from controlplane.provisioning import engine_tls
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
-from controlplane.provisioning.local import LocalProvider, parse_netns
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_regions import parse_netns
 from controlplane.provisioning.models import Operation, OperationKind, OperationStatus
 from controlplane.provisioning.readiness import engine_readiness
 from controlplane.provisioning.skypilot import SkyPilotProvider

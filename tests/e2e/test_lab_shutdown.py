@@ -18,7 +18,7 @@ import pytest
 from controlplane.lab import backing
 from controlplane.lab.guard import STOPPED
 from controlplane.lab.waiting import WaitTimeout, wait_until
-from controlplane.provisioning.local import process_started
+from controlplane.provisioning.local_processes import process_started
 from tests.e2e.test_lab import REPO, _drop_database, free_edge_ports, free_port, get_json
 
 pytestmark = pytest.mark.e2e

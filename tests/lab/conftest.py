@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.provisioning import services
-from controlplane.provisioning.local import LabRegion, LocalProvider
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_regions import LabRegion
 
 LAB_REGIONS = [
     LabRegion("local:eu-frankfurt", 50.11, 8.68),

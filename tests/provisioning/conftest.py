@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.provisioning.local import LabRegion, LocalProvider
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_regions import LabRegion
 
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 

@@ -17,7 +17,8 @@ from controlplane.lab.waiting import wait_until
 from controlplane.provisioning import local
 from controlplane.provisioning.base import Provider, ProviderError, ProviderHandle, ReplicaSpec
 from controlplane.provisioning.engine_args import vllm_serve_args
-from controlplane.provisioning.local import LocalProvider, pid_alive
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_processes import pid_alive
 
 from .helpers import port_open
 

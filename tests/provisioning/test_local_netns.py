@@ -11,13 +11,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.lab import netns
-from controlplane.provisioning.local import (
-    LabRegion,
-    LocalProvider,
-    RegionNamespace,
-    parse_netns,
-    pid_alive,
-)
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_processes import pid_alive
+from controlplane.provisioning.local_regions import LabRegion, RegionNamespace, parse_netns
 
 from .conftest import LAB_REGIONS
 from .test_local import spec, wait_running

@@ -9,7 +9,8 @@ import pytest
 
 from controlplane.lab.waiting import wait_until
 from controlplane.provisioning.base import ReplicaSpec
-from controlplane.provisioning.local import LocalProvider, runs
+from controlplane.provisioning.local import LocalProvider
+from controlplane.provisioning.local_processes import runs
 from tests.real_engine import require_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
