@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.api import filters, serializers
+from controlplane.api import catalog_serializers, filters, serializers
 from controlplane.api.base import ByNameOrId, MeridianViewSet, TenantScopedViewSet
 from controlplane.api.deployment_actions import DeploymentActions, ReplicaActions
 from controlplane.api.query_params import ChecksQueryParams
@@ -32,40 +32,40 @@ class CatalogViewSet(MeridianViewSet):
 
 class CloudViewSet(CatalogViewSet):
     queryset = Cloud.objects.all()
-    serializer_class = serializers.CloudSerializer
+    serializer_class = catalog_serializers.CloudSerializer
     filterset_fields = ["enabled"]
     ordering_fields = ["name"]
 
 
 class JurisdictionViewSet(CatalogViewSet):
     queryset = Jurisdiction.objects.all()
-    serializer_class = serializers.JurisdictionSerializer
+    serializer_class = catalog_serializers.JurisdictionSerializer
     ordering_fields = ["code", "name"]
 
 
 class RegionViewSet(CatalogViewSet):
     queryset = Region.objects.select_related("cloud", "jurisdiction")
-    serializer_class = serializers.RegionSerializer
+    serializer_class = catalog_serializers.RegionSerializer
     filterset_class = filters.RegionFilter
     ordering_fields = ["code", "country", "latitude", "longitude"]
 
 
 class GpuTypeViewSet(CatalogViewSet):
     queryset = GpuType.objects.all()
-    serializer_class = serializers.GpuTypeSerializer
+    serializer_class = catalog_serializers.GpuTypeSerializer
     ordering_fields = ["name", "memory_gib", "bf16_tflops"]
 
 
 class OfferViewSet(CatalogViewSet):
     queryset = Offer.objects.select_related("region__cloud", "region__jurisdiction", "gpu_type")
-    serializer_class = serializers.OfferSerializer
+    serializer_class = catalog_serializers.OfferSerializer
     filterset_class = filters.OfferFilter
     ordering_fields = ["on_demand_usd_h", "spot_usd_h", "gpus_per_node", "observed_at"]
 
 
 class QuotaViewSet(CatalogViewSet):
     queryset = Quota.objects.select_related("region__cloud", "gpu_type")
-    serializer_class = serializers.QuotaSerializer
+    serializer_class = catalog_serializers.QuotaSerializer
     filterset_class = filters.QuotaFilter
     ordering_fields = ["limit_gpus", "in_use_gpus", "observed_at"]
 
