@@ -20,8 +20,8 @@ from controlplane.deployments.lifecycle import SERVING_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.failover.models import RegionHealth
 from controlplane.placement import rules as placement_rules
+from controlplane.rollouts.analyst import ANALYST
 from controlplane.rollouts.models import Rollout, RolloutState
-from controlplane.rollouts.services import ANALYST
 from controlplane.routing.models import RoutingTable
 from controlplane.telemetry.edge_metrics import traffic_by_model
 from controlplane.telemetry.services import metrics_source, newest_edge_requests
