@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
 from celery import Celery, bootsteps, signals
 from kombu import Queue
+
+from controlplane.core import heartbeats
+from controlplane.core.redis_clients import redis_client
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -29,9 +34,6 @@ DEFAULT_BEAT_SCHEDULE = "celerybeat-schedule"
 def _beat_now(kind: str, name: str, queues: tuple[str, ...] = ()) -> None:
     """Record this process's heartbeat; a failure is logged, never raised into Celery's loop
     (status reports the record as stale once Redis is back, or unreachable meanwhile)."""
-    from controlplane.core import heartbeats
-    from controlplane.core.status import redis_client
-
     try:
         heartbeats.record(redis_client(), heartbeats.this_process(kind, name, queues))
     except Exception as exc:  # Redis down: the next beat tries again
@@ -49,8 +51,6 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         self.tref: Any = None
 
     def start(self, worker: Any) -> None:
-        from controlplane.core import heartbeats
-
         queues = tuple(worker.app.amqp.queues.consume_from or ())
 
         def beat() -> None:
@@ -60,9 +60,6 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         self.tref = worker.timer.call_repeatedly(heartbeats.interval_s(), beat)
 
     def stop(self, worker: Any) -> None:
-        from controlplane.core import heartbeats
-        from controlplane.core.status import redis_client
-
         if self.tref is not None:
             self.tref.cancel()
             self.tref = None
@@ -78,8 +75,6 @@ app.steps["worker"].add(WorkerHeartbeat)
 def beat_name(schedule_filename: str | None) -> str:
     """`beat@host`, or `beat-<schedule file>@host` for a beat with a schedule file of its
     own: the same name for a beat started again, a different one for a second beat."""
-    import socket
-
     stem = Path(schedule_filename or DEFAULT_BEAT_SCHEDULE).name
     suffix = "" if stem == DEFAULT_BEAT_SCHEDULE else f"-{stem}"
     return f"beat{suffix}@{socket.gethostname()}"
@@ -89,11 +84,6 @@ def beat_name(schedule_filename: str | None) -> str:
 def _beat_heartbeats(sender: Any, **kwargs: Any) -> None:
     """Beat records its heartbeat from its scheduler's tick, at most every HEARTBEAT_S, and
     ticks at least that often; a beat that stops in order removes its record."""
-    import time
-
-    from controlplane.core import heartbeats
-    from controlplane.core.status import redis_client
-
     scheduler = sender.scheduler
     name = beat_name(getattr(sender, "schedule_filename", None))
     every_s = heartbeats.interval_s()

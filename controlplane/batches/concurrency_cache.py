@@ -9,7 +9,7 @@ import json
 import logging
 from typing import TypedDict
 
-from controlplane.core.status import redis_client
+from controlplane.core.redis_clients import redis_client
 
 log = logging.getLogger(__name__)
 # How long a batch's entry is kept after its last write (a batch's completion window).

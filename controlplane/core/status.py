@@ -7,31 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
-from django.conf import settings
 from django.db import connection
 
 from controlplane.celery import app
 from controlplane.core import heartbeats
 from controlplane.core.models import Heartbeat
+from controlplane.core.redis_clients import redis_client
 
 BEAT_HEARTBEAT = "celery-beat"
-
-
-_clients: dict[tuple[str, float], redis.Redis] = {}
-
-
-def redis_client(url: str | None = None, timeout_s: float = 1.0) -> redis.Redis:
-    """A client of `url` (REDIS_URL by default), one per URL and timeout in each process:
-    its pool keeps connections open between calls (and starts afresh in a forked child)."""
-    url = url or settings.REDIS_URL
-    if url.startswith("redis+socket://"):
-        url = "unix://" + url.removeprefix("redis+socket://")
-    client = _clients.get((url, timeout_s))
-    if client is None:
-        client = _clients.setdefault((url, timeout_s), redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s))
-    return client
 
 
 def _timed(check: Any) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from controlplane.core.services import record_audit
+from controlplane.deployments.models import LIVE_STATES as LIVE_STATES
+from controlplane.deployments.models import STAYING_STATES as STAYING_STATES
 from controlplane.deployments.models import Replica
 from controlplane.deployments.models import ReplicaState as S
 
@@ -32,10 +34,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # Sent after every transition (the UPDATE bypasses post_save); routing listens to push tables.
 state_changed = Signal()
 
-LIVE_STATES = frozenset(state for state in TRANSITIONS if state not in (S.TERMINATED, S.FAILED))
 SERVING_STATES = frozenset({S.READY, S.DEGRADED})
-# Live and not on the way out: what a deployment will still have once its drains finish.
-STAYING_STATES = LIVE_STATES - {S.DRAINING}
 
 
 class IllegalTransition(Exception):

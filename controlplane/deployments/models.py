@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Self, TypeVar
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -220,13 +220,17 @@ class ReplicaState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class ReplicaQuerySet(TenantQuerySet["Replica"]):
+# States of a replica that has not ended, and of those the ones not on their way out: what a
+# deployment will still have once its drains finish (deployments.lifecycle uses both).
+LIVE_STATES = frozenset(ReplicaState) - {ReplicaState.TERMINATED, ReplicaState.FAILED}
+STAYING_STATES = LIVE_STATES - {ReplicaState.DRAINING}
+_Row = TypeVar("_Row", bound=models.Model)
+
+
+class ReplicaQuerySet(TenantQuerySet[_Row]):
     def staying(self) -> Self:
         """Replicas that are live and not draining: what a deployment will still have once
         its drains finish (lifecycle.STAYING_STATES)."""
-        # lifecycle imports Replica from this module, so its states are read when called.
-        from controlplane.deployments.lifecycle import STAYING_STATES
-
         return self.filter(state__in=STAYING_STATES)
 
 

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from controlplane.core.redis_clients import redis_client
 from controlplane.core.services import record_audit
-from controlplane.core.status import redis_client
 from controlplane.deployments.lifecycle import LIVE_STATES
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.deployments.models import ReplicaState as S

@@ -30,8 +30,8 @@ from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from controlplane.core.certificates import engine_client_context
+from controlplane.core.redis_clients import redis_client
 from controlplane.core.services import record_audit
-from controlplane.core.status import redis_client
 from controlplane.deployments.lifecycle import (
     LIVE_STATES,
     SERVING_STATES,

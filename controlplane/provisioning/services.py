@@ -362,7 +362,7 @@ class ReconcileReport:
 def reconcile() -> ReconcileReport:
     """Desired vs actual: fail replicas whose process or node is gone and reap provider
     resources no replica owns. Replacing failed replicas is failover's job
-    (controlplane.failover.services.replace_failed), placed by the solver."""
+    (controlplane.failover.replacements.replace_failed), placed by the solver."""
     report = ReconcileReport()
     now = timezone.now()
     live = Replica.objects.filter(state__in=LIVE_STATES - {S.PENDING}).select_related(

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models.signals import m2m_changed, post_delete, post_save
 
 from controlplane.core.models import ApiKey, Tenant
-from controlplane.core.status import redis_client
+from controlplane.core.redis_clients import redis_client
 from controlplane.deployments.lifecycle import state_changed
 from controlplane.deployments.models import Deployment, Replica
 from controlplane.routing.models import Edge, RoutingPolicy

@@ -20,6 +20,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from edge.table import canonical_bytes as edge_canonical_bytes
+from edge.table import sign_table, table_hash
+
 
 def default_key_path() -> Path:
     return Path(os.environ.get("MERIDIAN_SIGNING_KEY_FILE", settings.VAR_DIR / "keys" / "signing-key.pem"))
@@ -78,20 +81,14 @@ def key_id(key: Ed25519PrivateKey | None = None) -> str:
 
 
 def canonical_bytes(table: dict[str, Any]) -> bytes:
-    from edge.table import canonical_bytes as edge_canonical_bytes
-
     return edge_canonical_bytes(table)
 
 
 def sign(table: dict[str, Any], key: Ed25519PrivateKey | None = None) -> dict[str, Any]:
     """The table with `signature`: Ed25519 over the canonical bytes of everything else."""
-    from edge.table import sign_table
-
     return sign_table(table, key or signing_key())
 
 
 def payload_hash(table: dict[str, Any]) -> str:
     """sha256 of the canonical bytes; for a signed table, the ETag edges send back."""
-    from edge.table import table_hash
-
     return table_hash(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from controlplane.core.locks import advisory_lock
-from controlplane.core.status import redis_client
+from controlplane.core.redis_clients import redis_client
 from controlplane.routing import services
 
 # Set by routing.signals when it schedules a push, cleared here before compiling: many

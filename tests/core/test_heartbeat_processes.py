@@ -16,7 +16,7 @@ import pytest
 
 from controlplane.celery import beat_name
 from controlplane.core import heartbeats
-from controlplane.core.status import redis_client
+from controlplane.core.redis_clients import redis_client
 from controlplane.lab.processes import die_with_parent
 from controlplane.lab.waiting import wait_until
 

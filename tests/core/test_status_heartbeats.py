@@ -10,7 +10,7 @@ import pytest
 from controlplane.celery import app
 from controlplane.core import heartbeats
 from controlplane.core.models import Role
-from controlplane.core.status import redis_client
+from controlplane.core.redis_clients import redis_client
 
 pytestmark = pytest.mark.django_db
 QUEUES = ("control", "provision", "batch")

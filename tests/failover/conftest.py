@@ -108,7 +108,7 @@ def fail_one_and_ready_its_replacement(deployment: Deployment, region: Any,
 @pytest.fixture(autouse=True)
 def fresh_probe_counts() -> Iterator[None]:
     """Timeout counts live in Redis by replica id; ids restart with each test database."""
-    from controlplane.core.status import redis_client
+    from controlplane.core.redis_clients import redis_client
 
     def clear() -> None:
         client = redis_client()
