@@ -18,12 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from edge.health import ReplicaStats
-from edge.prefix import PrefixIndex, load_bound, rendezvous_weight, replica_id_hash, tenant_seed
+from edge.prefix import PrefixIndex, replica_id_hash, tenant_seed
 from edge.scoring import (
     AFFINITY_BLOCKS,
-    HOME_SCORE,
-    LOAD_BOUND_FACTOR,
-    LOAD_BOUND_FLOOR,
     PICKERS,
     SCORELESS_PICKERS,
     SCORERS,
@@ -38,6 +35,7 @@ from edge.scoring import (
     load_score,
     pick_max_score,
     prefix_score,
+    prefix_scores,
 )
 from edge.table import ROUTABLE_STATES, Policy, Replica, TenantRules
 
@@ -270,30 +268,7 @@ def pick_common(cset: CandidateSet, prefix: Sequence[int], stats: Mapping[str, R
 def common_prefix_scores(cset: CandidateSet, prefix: Sequence[int], loads: list[float],
                          prefix_index: PrefixIndex) -> list[float]:
     """`prefix_score` for `pick_common`, on the whole candidate set."""
-    replicas = cset.replicas
-    n = len(replicas)
-    bound = load_bound(loads, LOAD_BOUND_FACTOR, LOAD_BOUND_FLOOR)
-    affinity_key = prefix[min(AFFINITY_BLOCKS, len(prefix)) - 1]
-    id_hashes = cset.id_hashes
-    depth = len(prefix)
-    whole = prefix_index.holders(prefix[-1])
-    pscores = [0.0] * n
-    home = -1
-    home_weight = -1
-    for i in range(n):
-        if loads[i] >= bound:
-            continue
-        replica_id = replicas[i].id
-        if whole is not None and replica_id in whole:
-            pscores[i] = 1.0
-        else:
-            pscores[i] = prefix_index.matched_blocks(prefix, replica_id) / depth
-        weight = rendezvous_weight(affinity_key, id_hashes[i])
-        if weight > home_weight:
-            home, home_weight = i, weight
-    if home >= 0 and pscores[home] < HOME_SCORE:
-        pscores[home] = HOME_SCORE
-    return pscores
+    return prefix_scores(cset.replicas, cset.id_hashes, prefix, loads, prefix_index)
 
 
 def schedule_set(

@@ -140,14 +140,17 @@ def prefix_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[flo
     """The share of the prompt's blocks a replica is remembered to hold; HOME_SCORE for the
     prefix's bounded-load home if that is more; 0 for a replica over the load bound."""
     keys = ctx.request.prefix
-    n = len(candidates)
     if not keys:
-        return [0.0] * n
-    loads = ctx.loads
+        return [0.0] * len(candidates)
+    id_hashes = ctx.id_hashes or [replica_id_hash(r.id) for r in candidates]
+    return prefix_scores(candidates, id_hashes, keys, ctx.loads, ctx.prefix_index)
+
+
+def prefix_scores(candidates: Sequence[Replica], id_hashes: Sequence[int], keys: Sequence[int],
+                  loads: Sequence[float], index: PrefixIndex | None) -> list[float]:
+    """`prefix_score`'s figures for a non-empty prompt `keys` (also `pick_common`'s)."""
     bound = load_bound(loads, LOAD_BOUND_FACTOR, LOAD_BOUND_FLOOR)
     affinity_key = keys[min(AFFINITY_BLOCKS, len(keys)) - 1]
-    id_hashes = ctx.id_hashes or [replica_id_hash(r.id) for r in candidates]
-    index = ctx.prefix_index
     depth = len(keys)
     # Most prompts are either new or wholly known; one look at the deepest block settles
     # those, and only the rest need a search.
@@ -155,7 +158,7 @@ def prefix_score(candidates: Sequence[Replica], ctx: ScoringContext) -> list[flo
     scores = []
     home = -1
     home_weight = -1
-    for i in range(n):
+    for i in range(len(candidates)):
         if loads[i] >= bound:
             # Over the bound a replica stops attracting prefixes, so a hot one spills over.
             scores.append(0.0)
