@@ -32,6 +32,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from controlplane.provisioning.local_processes import pid_alive
+
 ROOT = Path(__file__).resolve().parents[2]
 NS_PREFIX = "mrdnet-"
 LINK_PREFIX = "mrn"
@@ -44,15 +46,6 @@ def _ip(*args: str, check: bool = True, timeout: float = 10.0) -> subprocess.Com
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check,
                           timeout=timeout)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _availability: dict[str, str | None] = {}
@@ -114,7 +107,7 @@ def sweep_stale() -> list[str]:
     removed = []
     for name in _ip("netns", "list", check=False).stdout.split():
         match = _NS_RE.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             _remove_namespace(name)
             removed.append(name)
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
@@ -123,7 +116,7 @@ def sweep_stale() -> list[str]:
             continue
         name = fields[1].strip().split("@")[0]
         match = _LINK_RE.match(name)
-        if match and not _alive(int(match.group(1), 16)):
+        if match and not pid_alive(int(match.group(1), 16)):
             _ip("link", "del", name, check=False)
             removed.append(name)
     return removed
