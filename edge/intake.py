@@ -202,12 +202,15 @@ def resolve_model(request: Request, table: RoutingTable, tenant: TenantRules, ex
     if alias is not None:
         target = alias.resolve(ex.prompt_tokens_est, ex.tier)
         if not (tenant.may_use_model(model) or tenant.may_use_model(target)) \
-                or target not in table.models:
+                or target not in table.models \
+                or not tenant.may_know(table.models[target], table.batch_pools.get(target)):
             raise errors.model_not_found(model)
         ex.model = target
         payload["model"] = target
         return orjson.dumps(payload)
-    if model not in table.models or not tenant.may_use_model(model):
+    replicas = table.models.get(model)
+    if replicas is None or not tenant.may_use_model(model) \
+            or not tenant.may_know(replicas, table.batch_pools.get(model)):
         raise errors.model_not_found(model)
     ex.model = model
     return request.body

@@ -117,6 +117,16 @@ class TenantRules:
             return False
         return replica.tenant is None or replica.tenant == self.tenant
 
+    def may_know(self, replicas: tuple[Replica, ...], pool: frozenset[str] | None) -> bool:
+        """Whether a served model is there at all for this tenant: one of its replicas is
+        shared or this tenant's, or its batch pool is open to it. A model that only another
+        tenant's dedicated replicas serve is, to this tenant, a model that does not exist
+        (a 404 like any unknown name, never a 503 that would confirm it)."""
+        for replica in replicas:
+            if replica.tenant is None or replica.tenant == self.tenant:
+                return True
+        return pool is not None and ("*" in pool or self.tenant in pool)
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:

@@ -220,6 +220,27 @@ def test_residency_fails_closed_with_503(edge_with: Callable[..., Any]) -> None:
     run(scenario())
 
 
+def test_another_tenants_dedicated_model_is_not_found_not_unavailable(
+        edge_with: Callable[..., Any]) -> None:
+    """A model that only another tenant's own replicas serve answers exactly as an unknown
+    name does, directly or through an alias: no 503 confirms that it exists."""
+    async def scenario() -> None:
+        async with engines("theirs") as (engine,), edge_with(
+                models={"theirs": [replica("t1", engine.url, tenant="globex")]},
+                tenants={API_KEY: tenant(), "sk-globex": tenant("globex")},
+                aliases={"smart": "theirs"}) as edge:
+            unknown = await (await edge.chat("no-such-model")).json()
+            for name in ("theirs", "smart"):
+                response = await edge.chat(name)
+                error = await expect_error(404, "model_not_found", "model")(response)
+                assert error["message"] == unknown["error"]["message"].replace(
+                    "no-such-model", name)
+            assert engine.requests == []
+            assert (await edge.chat("theirs", key="sk-globex")).status == 200
+
+    run(scenario())
+
+
 def test_a_failing_replica_is_retried_elsewhere_and_ejected(edge_with: Callable[..., Any]) -> None:
     async def scenario() -> None:
         async with engines("m", "m") as (bad, good), edge_with(
