@@ -8,7 +8,7 @@ solver reads: a replica moving between states it counts alike (pending → start
 ready → degraded) leaves it unchanged; one that leaves (failed, terminated, draining) or
 arrives, or a rule input that changes, changes it.
 
-`differences` says what moved, in words an operator reads ("replica 8 is terminated, was
+`differences` says what moved, in words an operator reads ("r-8 is terminated, was
 ready"; "spread_regions 2 → 3"). Approving and applying a plan check it in their
 transaction (controlplane.plans.freshness).
 """
@@ -133,12 +133,12 @@ def _replica_changes(then: dict[str, dict[str, Any]], now: dict[str, dict[str, A
         was, is_ = then.get(pk), now.get(pk)
         if was is not None and is_ is None:
             state = states.get(int(pk), "gone")
-            out.append(f"replica {pk} is {state}, was {was['state']} in {was['region']}")
+            out.append(f"r-{pk} is {state}, was {was['state']} in {was['region']}")
         elif was is None and is_ is not None:
-            out.append(f"replica {pk} is new ({is_['state']} in {is_['region']})")
+            out.append(f"r-{pk} is new ({is_['state']} in {is_['region']})")
         elif was is not None and is_ is not None:
             moved = [f for f in PLANNED_FIELDS if was[f] != is_[f]]
             if moved:
-                out.append(f"replica {pk}: " + ", ".join(
+                out.append(f"r-{pk}: " + ", ".join(
                     f"{f} {_shown(was[f])} → {_shown(is_[f])}" for f in moved))
     return out

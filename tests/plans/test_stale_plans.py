@@ -78,9 +78,9 @@ def test_the_stale_spread_plan_of_the_walk_is_refused_naming_what_moved(demo, ma
     assert len(plan.basis_fingerprint) == 64
     body = response.json()
     first = demo["running"][0].pk
-    assert f"replica {first} is terminated, was ready in aws:us-east-1" in body["changed"]
-    assert f"replica {now[0].pk} is new (ready in aws:eu-central-1)" in body["changed"]
-    assert f"replica {first} is terminated" in body["detail"]
+    assert f"r-{first} is terminated, was ready in aws:us-east-1" in body["changed"]
+    assert f"r-{now[0].pk} is new (ready in aws:eu-central-1)" in body["changed"]
+    assert f"r-{first} is terminated" in body["detail"]
     assert body["propose_url"] == "/api/v1/plans/propose/"
     assert body["propose"] == {"deployments": ["demo-chat"]}
     nothing_changed(plan, PlanStatus.PROPOSED, now)
@@ -136,7 +136,7 @@ def test_replicas_coming_up_do_not_make_a_plan_stale(demo, make_client):  # type
 def test_a_replica_draining_since_makes_the_plan_stale(demo):  # type: ignore[no-untyped-def]
     plan = proposed_by_replan()
     Replica.objects.filter(pk=demo["running"][2].pk).update(state=S.DRAINING)
-    with pytest.raises(plans.PlanStaleError, match=f"replica {demo['running'][2].pk} is "
+    with pytest.raises(plans.PlanStaleError, match=f"r-{demo['running'][2].pk} is "
                        "draining, was ready"):
         plans.approve(plan.pk, "alice")
 
