@@ -72,7 +72,8 @@ def missing(incident: Incident, now: datetime | None = None) -> dict[str, str]:
         elif closed:
             why["traffic_back"] = (f"no request reached the replacements within "
                                    f"{QUIET_RESOLVE.total_seconds():.0f} s of their being "
-                                   "ready (no traffic during the incident)")
+                                   "ready (the edges sent the model's traffic, if any, to "
+                                   "other replicas)")
         elif incident.replacement_ready_at is not None:
             left = QUIET_RESOLVE - (now - incident.replacement_ready_at)
             why["traffic_back"] = (f"no request yet; resolves without one in "
