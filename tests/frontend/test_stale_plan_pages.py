@@ -33,11 +33,11 @@ def test_a_stale_plan_says_what_moved_and_offers_to_propose_again(signed_in, fle
     Replica.objects.filter(pk=gone.pk).update(state=S.TERMINATED)
     client = signed_in(Role.OPERATOR)
     html = client.get(f"/plans/{fleet.plan.pk}/").content.decode()
-    assert "Stale: the fleet moved" in html and f"replica {gone.pk} is terminated, was ready" in html
+    assert "Stale: the fleet moved" in html and f"r-{gone.pk} is terminated, was ready" in html
     assert "Propose again" in html and f"/plans/{fleet.plan.pk}/approve/" not in html
     assert "plan-stale" in client.get("/plans/").content.decode()
     answer = client.post(f"/plans/{fleet.plan.pk}/approve/", follow=True).content.decode()
-    assert "Nothing done" in answer and f"replica {gone.pk} is terminated" in answer
+    assert "Nothing done" in answer and f"r-{gone.pk} is terminated" in answer
     assert Plan.objects.get(pk=fleet.plan.pk).status == PlanStatus.PROPOSED
 
 
