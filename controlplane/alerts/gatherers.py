@@ -52,7 +52,7 @@ def latency_findings(now: datetime, limits: dict[str, Thresholds]) -> list[Findi
             p95_s = None if s is None or not s.up else (
                 s.ttft_p95_s if rule == Rule.TTFT_SLO else s.itl_p95_s)
             if p95_s is not None:
-                label = f"replica {replica.pk} ({replica.region.key})"
+                label = f"{replica.public_id} ({replica.region.key})"
                 per_deployment.setdefault(replica.deployment_id, {})[label] = p95_s * 1000
         deployments = {r.deployment_id: r.deployment for r in replicas}
         inputs = [

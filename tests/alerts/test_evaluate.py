@@ -158,7 +158,7 @@ def test_ttft_slo_from_stored_engine_samples(  # type: ignore[no-untyped-def]
         Rule.TTFT_SLO, "chat", "warning", "ms")
     assert alert.value == pytest.approx(1950, abs=1) and alert.threshold == 1000
     assert alert.tenant_id == deployment.tenant_id
-    assert f"replica {slow.pk} (gcp:europe-west4)" in alert.message
+    assert f"r-{slow.pk} (gcp:europe-west4)" in alert.message
     assert "(1 of 2 replicas over the SLO)" in alert.message
     # ITL is 10 ms p95-ish against 50 ms: no ITL alert; its default `for` would hold it anyway.
     assert not AlertCondition.objects.filter(rule=Rule.ITL_SLO).exists()
