@@ -143,7 +143,7 @@ def test_a_stream_whose_engine_is_killed_mid_answer_goes_on_from_the_other(
     stream, ending in [DONE]. It kills the module's engine or the one it starts: last here."""
     messages = [{"role": "user", "content": "Explain in detail how a river forms, from rain "
                  "falling on mountains to the sea. Write at least three paragraphs."}]
-    request = {"model": SERVED, "messages": messages, "temperature": 0, "max_tokens": 160}
+    request = {"model": SERVED, "messages": messages, "temperature": 0, "max_tokens": 100}
     context = client_context(pki, pki.edge)
     cores = sorted(os.sched_getaffinity(0))
     with mtls_vllm(pki, cores=str(cores[0])) as fresh:
@@ -199,7 +199,7 @@ def test_a_stream_whose_engine_is_killed_mid_answer_goes_on_from_the_other(
                 assert common >= len(before), (before, text, whole)
                 assert len(text) >= len(before) + 40, (before, text)
                 usage = [c["usage"] for c in chunks if c.get("usage")]
-                assert len(usage) == 1 and 0 < usage[0]["completion_tokens"] <= 160
+                assert len(usage) == 1 and 0 < usage[0]["completion_tokens"] <= 100
                 assert edge.edge.metrics.resumptions.get(("resumed",)) == 1
                 assert edge.edge.metrics.upstream_tls_failures.values == {}
                 print(f"\nkilled after {len(before)} chars; {len(text)} chars in all, "
