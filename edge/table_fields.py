@@ -162,6 +162,18 @@ def _cache_salt(entry: Mapping[str, Any], where: str) -> str:
     return salt
 
 
+# The policy's plain fields, each read by `get_field` with its kind (scorers and picker have
+# checks of their own), in the order a table's errors are reported.
+POLICY_FIELDS = (
+    ("retry_before_first_byte", "int"), ("eject_after_failures", "int"),
+    ("eject_base_s", "number"), ("eject_max_s", "number"), ("queue_timeout_s", "number"),
+    ("batch_queue_timeout_s", "number"), ("batch_max_share", "number"),
+    ("resume_streams_max", "int"), ("resume_deadline_s", "number"),
+    ("stream_stall_s", "number"), ("first_byte_timeout_s", "number"),
+    ("max_table_age_s", "number"), ("stale_table_mode", "str"),
+)
+
+
 def parse_policy(entry: Any) -> Policy:
     if entry is None:
         return Policy()
@@ -184,30 +196,8 @@ def parse_policy(entry: Any) -> Policy:
     policy = Policy(
         scorers={name: float(weight) for name, weight in scorers.items()},
         picker=picker,
-        retry_before_first_byte=get_field(entry, "retry_before_first_byte", "int", "policy",
-                                          defaults.retry_before_first_byte),
-        eject_after_failures=get_field(entry, "eject_after_failures", "int", "policy",
-                                       defaults.eject_after_failures),
-        eject_base_s=get_field(entry, "eject_base_s", "number", "policy", defaults.eject_base_s),
-        eject_max_s=get_field(entry, "eject_max_s", "number", "policy", defaults.eject_max_s),
-        queue_timeout_s=get_field(entry, "queue_timeout_s", "number", "policy",
-                                  defaults.queue_timeout_s),
-        batch_queue_timeout_s=get_field(entry, "batch_queue_timeout_s", "number", "policy",
-                                        defaults.batch_queue_timeout_s),
-        batch_max_share=get_field(entry, "batch_max_share", "number", "policy",
-                                  defaults.batch_max_share),
-        resume_streams_max=get_field(entry, "resume_streams_max", "int", "policy",
-                                     defaults.resume_streams_max),
-        resume_deadline_s=get_field(entry, "resume_deadline_s", "number", "policy",
-                                    defaults.resume_deadline_s),
-        stream_stall_s=get_field(entry, "stream_stall_s", "number", "policy",
-                                 defaults.stream_stall_s),
-        first_byte_timeout_s=get_field(entry, "first_byte_timeout_s", "number", "policy",
-                                       defaults.first_byte_timeout_s),
-        max_table_age_s=get_field(entry, "max_table_age_s", "number", "policy",
-                                  defaults.max_table_age_s),
-        stale_table_mode=get_field(entry, "stale_table_mode", "str", "policy",
-                                   defaults.stale_table_mode),
+        **{name: get_field(entry, name, kind, "policy", getattr(defaults, name))
+           for name, kind in POLICY_FIELDS},
     )
     check_policy(policy)
     return policy
