@@ -77,8 +77,10 @@ def deliver_renewed() -> dict[str, list[str]]:
     and follow the jobs already sent; returns replica ids by outcome."""
     outcome: dict[str, list[str]] = {"sent": [], "confirmed": [], "pending": [], "failed": []}
     replicas = Replica.objects.filter(state__in=NODE_STATES).order_by("pk")
+    providers = {name: get_provider(name)
+                 for name in set(replicas.values_list("provider", flat=True))}
     for replica in replicas:
-        provider = get_provider(replica.provider)
+        provider = providers[replica.provider]
         if not provider.capabilities.delivers_certificates:
             continue
         try:
