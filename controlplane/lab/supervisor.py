@@ -10,6 +10,8 @@ import signal
 import sys
 import time
 
+from controlplane.celery import app as celery_app
+from controlplane.core.redis_clients import redis_client
 from controlplane.lab.cli import LabStopped
 from controlplane.lab.fleet import stop_local_replicas
 from controlplane.lab.guard import release_guard, start_guard
@@ -35,6 +37,7 @@ def run_lab(args: argparse.Namespace) -> int:
             # the lab dies without its cleanup (SIGKILL).
             guard = start_guard(sys.executable, args.var_dir / "lab" / "replicas",
                                 group.log_dir / "guard.log")
+        forget_queued_tasks()
         start(args, group, creds, key_file)
         code = _watch(group, args.replicas_of_each)
     except (KeyboardInterrupt, LabStopped):
@@ -53,6 +56,18 @@ def run_lab(args: argparse.Namespace) -> int:
             release_guard(guard)
         say("stopped")
     return code
+
+
+def forget_queued_tasks() -> None:
+    """Drop the Celery messages an earlier lab left in this lab's Redis database: a task
+    queued for that lab's replica 2 (a terminate, say) would otherwise act on this lab's
+    replica 2. A lab starts its fleet afresh from the database, so nothing queued is owed."""
+    client = redis_client()
+    names = [queue.name for queue in celery_app.conf.task_queues]
+    stale = [*names, "unacked", "unacked_index", "unacked_mutex"]
+    for name in names:  # a queue's priority lists: `<name>\x06\x16<priority>`
+        stale += [key.decode() for key in client.scan_iter(match=f"{name}\x06\x16*")]
+    client.delete(*stale)
 
 
 def _watch(group: ProcessGroup, replicas_of_each: int) -> int:
